@@ -1,0 +1,72 @@
+# Two set-up commands, both from a fresh clone with only Python and pip:
+#   make demo   - create the environment if missing, install, run the seed scenario
+#   make test   - the same environments, then the whole suite:
+#                 Python 3.11 + newest JAX it gets (0.10.x) and Python 3.12 + newest JAX (0.12.x),
+#                 each under both JAX constant pipelines, plus ruff, mypy --strict and the docs.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+PYTHON311 ?= $(shell tools/find-python 3.11)
+PYTHON312 ?= $(shell tools/find-python 3.12)
+VENV311 := .venv-py311
+VENV312 := .venv-py312
+PIP_FLAGS := --quiet --disable-pip-version-check
+PYTEST_FLAGS ?= -q -p no:cacheprovider
+
+.PHONY: demo test test-fast lint typecheck docs doctest pytest-311 pytest-312 bench clean
+
+$(VENV311)/.installed: pyproject.toml
+	@test -n "$(PYTHON311)" || { echo "error: no Python 3.11 found; set PYTHON311=/path/to/python3.11" >&2; exit 1; }
+	@test -x $(VENV311)/bin/python || $(PYTHON311) -m venv $(VENV311)
+	$(VENV311)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
+	$(VENV311)/bin/python -m pip install $(PIP_FLAGS) -e '.[test,lint,docs,bench]'
+	@touch $@
+
+$(VENV312)/.installed: pyproject.toml
+	@test -x $(VENV312)/bin/python || $(PYTHON312) -m venv $(VENV312)
+	$(VENV312)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
+	$(VENV312)/bin/python -m pip install $(PIP_FLAGS) -e '.[test]'
+	@touch $@
+
+demo: $(VENV311)/.installed
+	$(VENV311)/bin/python -m benchmarks.seed --demo
+
+lint: $(VENV311)/.installed
+	$(VENV311)/bin/ruff check frozenconst tests benchmarks
+	$(VENV311)/bin/ruff format --check frozenconst tests benchmarks
+
+typecheck: $(VENV311)/.installed
+	$(VENV311)/bin/mypy frozenconst
+
+docs: $(VENV311)/.installed
+	$(VENV311)/bin/mkdocs build --strict --quiet --site-dir .site
+
+doctest: $(VENV311)/.installed
+	$(VENV311)/bin/python -m pytest $(PYTEST_FLAGS) --doctest-modules frozenconst --doctest-glob='*.md' docs README.md
+
+# Each environment runs the suite twice: with JAX's default constant pipeline
+# (variable unset) and with the simplified one.
+pytest-311: $(VENV311)/.installed
+	env -u JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS $(VENV311)/bin/python -m pytest $(PYTEST_FLAGS)
+	JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1 $(VENV311)/bin/python -m pytest $(PYTEST_FLAGS)
+
+pytest-312:
+	@if [ -z "$(PYTHON312)" ] && [ ! -x $(VENV312)/bin/python ]; then \
+	  if [ "$${CI:-}" = "true" ]; then echo "error: no Python 3.12 found under CI; set PYTHON312=/path/to/python3.12" >&2; exit 1; fi; \
+	  echo "warning: no Python 3.12 found; skipping the Python 3.12 + newest JAX run (set PYTHON312=...)" >&2; \
+	else \
+	  $(MAKE) --no-print-directory $(VENV312)/.installed; \
+	  env -u JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS $(VENV312)/bin/python -m pytest $(PYTEST_FLAGS); \
+	  JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1 $(VENV312)/bin/python -m pytest $(PYTEST_FLAGS); \
+	fi
+
+test: lint typecheck docs doctest pytest-311 pytest-312
+
+# The 3.11 suite under both pipelines only: quick feedback while developing.
+test-fast: pytest-311
+
+bench: $(VENV311)/.installed
+	$(VENV311)/bin/python -m benchmarks
+
+clean:
+	rm -rf $(VENV311) $(VENV312) .site .mypy_cache .ruff_cache

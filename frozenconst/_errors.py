@@ -1,0 +1,33 @@
+"""Exception classes. Each subclasses the builtin a caller would expect."""
+
+from __future__ import annotations
+
+
+class FrozenConstTypeError(TypeError):
+    """Raised when a value of an unsupported kind is given to `frozenconst`.
+
+    Examples: object, string, bytes, structured or datetime arrays, masked
+    arrays, and traced values (see [`TracedValueError`][frozenconst.TracedValueError]).
+    """
+
+
+class TracedValueError(FrozenConstTypeError):
+    """Raised when a `FrozenConst` is built from a traced (abstract) value.
+
+    A `FrozenConst` holds concrete data on the host. Inside `jax.jit`,
+    `jax.grad`, `jax.vmap` and friends, build it outside the transformation and
+    close over it, or pass it in as an argument.
+    """
+
+
+class FrozenConstValueError(ValueError):
+    """Raised when a value has a supported type but unusable contents or options.
+
+    Examples: ragged nested sequences, `copy=False` where a copy is unavoidable,
+    or a placement target that is not a device or sharding.
+    """
+
+
+for _cls in (FrozenConstTypeError, TracedValueError, FrozenConstValueError):
+    _cls.__module__ = "frozenconst"
+del _cls

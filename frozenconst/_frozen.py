@@ -1,0 +1,330 @@
+"""`FrozenConst`: an immutable host array that JAX uses like a `jax.Array`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import jax
+import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
+
+from . import _hoisting
+from ._cache import Store
+from ._errors import FrozenConstTypeError, FrozenConstValueError
+from ._host import freeze, to_numpy
+
+# `jax.Array` methods that free or invalidate the cached buffer. Everything else
+# on `jax.Array` is offered on `FrozenConst` too, computed on the cached buffer.
+_REFUSED = frozenset({"delete"})
+
+_REPR_MAX_ELEMENTS = 64
+
+
+class FrozenConst:
+    """An immutable constant array for JAX.
+
+    `FrozenConst(obj)` copies `obj` once into a host buffer that nothing can
+    write to again, and transfers it to each device at most once, on first use,
+    caching the device buffer. `jax.numpy` functions, operators and jitted
+    functions accept it wherever they accept a `jax.Array`.
+
+    Arguments:
+        obj: a NumPy array or scalar, a nested sequence of numbers, a concrete
+            `jax.Array`, or another `FrozenConst` (which shares its buffers,
+            no copy).
+        dtype: convert to this dtype while copying. Default: keep the dtype.
+
+    Raises:
+        FrozenConstTypeError: `obj` is not numeric data JAX can hold (object,
+            string, bytes, structured or datetime dtypes, masked arrays).
+        TracedValueError: `obj` is a traced value (inside `jit`, `grad`, ...).
+        FrozenConstValueError: `obj` is a ragged nested sequence.
+
+    Example:
+        >>> import numpy as np, jax.numpy as jnp
+        >>> from frozenconst import FrozenConst
+        >>> table = FrozenConst(np.arange(6.0).reshape(2, 3))
+        >>> table
+        FrozenConst([[0., 1., 2.],
+                     [3., 4., 5.]], dtype=float64)
+        >>> jnp.sum(table @ jnp.ones(3))
+        Array(15., dtype=float32)
+    """
+
+    __slots__ = ("_store", "_leaf", "_leaf_host", "__weakref__")
+    # NumPy defers mixed operations (`np_array + x`) to us, as it does to `jax.Array`.
+    __array_priority__: ClassVar[int] = 100
+
+    _store: Store | None
+    _leaf: Any
+    _leaf_host: Store | None
+
+    def __init__(self, obj: ArrayLike | FrozenConst, dtype: DTypeLike | None = None) -> None:
+        if isinstance(obj, FrozenConst):
+            if obj._store is not None and (dtype is None or np.dtype(dtype) == obj._store.host.dtype):
+                self._init(obj._store, None)
+                return
+            obj = obj._leaf if obj._store is None else obj._store.host
+        array = to_numpy(obj, dtype)
+        want = None if dtype is None else np.dtype(dtype)
+        self._init(Store(freeze(array, want)), None)
+
+    def _init(self, store: Store | None, leaf: Any) -> None:
+        self._store = store
+        self._leaf = leaf
+        self._leaf_host = None
+
+    @classmethod
+    def _derived(cls, leaf: Any) -> FrozenConst:
+        # What a transformation hands back when it rebuilds a FrozenConst from a
+        # pytree leaf: a tracer inside `jit`/`grad`/`vmap`, a gradient, a mapped
+        # result, or whatever `tree_map` produced. It keeps the type so that code
+        # written against FrozenConst runs unchanged, but it is not the constant
+        # itself and never claims the original's host data.
+        self = object.__new__(cls)
+        self._init(None, leaf)
+        return self
+
+    # -- the device side -------------------------------------------------------
+
+    def __jax_array__(self) -> jax.Array:
+        """The cached device buffer on the default device (a tracer while `frozenconst.jit` traces)."""
+        store = self._store
+        if store is None:
+            return self._leaf  # type: ignore[no-any-return]
+        if _hoisting.scope.frames:
+            return _hoisting.resolve(store)
+        return store.default_array()
+
+    def evict(self) -> None:
+        """Drop every cached device buffer; the next use transfers again.
+
+        Example:
+            >>> import jax, numpy as np
+            >>> from frozenconst import FrozenConst
+            >>> x = FrozenConst(np.ones(3))
+            >>> a = jax.numpy.asarray(x)
+            >>> x.evict()
+            >>> jax.numpy.asarray(x) is a
+            False
+        """
+        if self._store is not None:
+            self._store.evict()
+
+    @property
+    def is_concrete(self) -> bool:
+        """Whether this is a constant with host data (False for a traced or transformed value)."""
+        return self._store is not None
+
+    # -- the host side ---------------------------------------------------------
+
+    def _host(self) -> np.ndarray[Any, Any]:
+        store = self._store
+        if store is not None:
+            return store.host
+        if self._leaf_host is None:
+            # A concrete result of a transformation: freeze a copy of it, so no
+            # path hands out memory that JAX or anyone else could still write.
+            self._leaf_host = Store(freeze(to_numpy(self._leaf, None)))
+        return self._leaf_host.host
+
+    def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+        host = self._host()
+        if copy:
+            return np.array(host, dtype=dtype, copy=True)
+        if dtype is None or np.dtype(dtype) == host.dtype:
+            # A fresh read-only view each time: a caller that reshapes it in
+            # place (`v.shape = ...`) changes only its own view.
+            return host.view()
+        if copy is False:
+            raise FrozenConstValueError(
+                f"`np.asarray(x, dtype={np.dtype(dtype)}, copy=False)` cannot avoid a copy: "
+                f"the FrozenConst holds {host.dtype}. Drop `copy=False`, or ask for "
+                f"dtype={host.dtype}."
+            )
+        return host.astype(dtype)
+
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """Export the frozen host buffer through DLPack, read-only.
+
+        A consumer that only speaks DLPack < 1.0 cannot be told that the buffer is
+        read-only, so it receives a copy instead (unless `copy=False`).
+        """
+        host = self._host()
+        try:
+            return host.__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+        except BufferError:
+            if copy is False:
+                raise
+            return np.array(host).__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """The DLPack device of the host buffer: the CPU."""
+        device: tuple[int, int] = self._host().__dlpack_device__()
+        return device
+
+    # -- metadata --------------------------------------------------------------
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The array's shape."""
+        if self._store is not None:
+            return self._store.host.shape
+        return tuple(self._leaf.shape)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """The dtype of the host data (on device JAX may narrow it: float64 to float32 without x64)."""
+        if self._store is not None:
+            return self._store.host.dtype
+        return np.dtype(self._leaf.dtype)
+
+    @property
+    def ndim(self) -> int:
+        """The number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """The number of elements."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the host data."""
+        return self.size * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of unsized object")
+        return self.shape[0]
+
+    def __iter__(self) -> Iterator[jax.Array]:
+        return iter(self.__jax_array__())
+
+    def __repr__(self) -> str:
+        if self._store is None:
+            return f"FrozenConst(derived from {self._leaf!r})"
+        host = self._store.host
+        if host.size <= _REPR_MAX_ELEMENTS:
+            body = np.array2string(host, separator=", ", prefix="FrozenConst(")
+            return f"FrozenConst({body}, dtype={host.dtype})"
+        return f"FrozenConst(shape={host.shape}, dtype={host.dtype}, nbytes={_human(host.nbytes)})"
+
+    # -- scalar conversions, as `jax.Array` allows them ------------------------
+
+    def __bool__(self) -> bool:
+        return bool(self.__jax_array__())
+
+    def __int__(self) -> int:
+        return int(self.__jax_array__())
+
+    def __float__(self) -> float:
+        return float(self.__jax_array__())
+
+    def __complex__(self) -> complex:
+        return complex(self.__jax_array__())
+
+    def __index__(self) -> int:
+        return self.__jax_array__().__index__()
+
+    # -- immutability, identity, pickling --------------------------------------
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        raise FrozenConstTypeError(
+            "FrozenConst is immutable and does not support item assignment. "
+            "Use `x.at[index].set(value)`, which returns a new `jax.Array`."
+        )
+
+    __hash__: ClassVar[None] = None  # type: ignore[assignment]
+
+    def __copy__(self) -> FrozenConst:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenConst:
+        return self
+
+    def __reduce__(self) -> tuple[type[FrozenConst], tuple[np.ndarray[Any, Any]]]:
+        # The host data only: device buffers are recreated on first use after
+        # unpickling, and the unpickled copy is frozen again.
+        return (FrozenConst, (np.array(self._host()),))
+
+    def __getattr__(self, name: str) -> Any:
+        # Every other `jax.Array` attribute and method (`sum`, `reshape`, `T`,
+        # `at`, `sharding`, ...) acts on the cached device buffer.
+        if name.startswith("_") or name in _REFUSED:
+            if name in _REFUSED:
+                raise AttributeError(
+                    f"FrozenConst does not offer `{name}`: it would free the shared, cached "
+                    "device buffer. Use `x.evict()` to drop the cached buffers."
+                )
+            raise AttributeError(f"'FrozenConst' object has no attribute '{name}'")
+        return getattr(self.__jax_array__(), name)
+
+    def __dir__(self) -> list[str]:
+        names = set(super().__dir__()) | {n for n in dir(jax.Array) if not n.startswith("_")}
+        return sorted(names - _REFUSED)
+
+
+def _human(nbytes: int) -> str:
+    size = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{nbytes} B"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _unwrap(value: Any) -> Any:
+    return value.__jax_array__() if isinstance(value, FrozenConst) else value
+
+
+def _forward(name: str) -> Any:
+    def method(self: FrozenConst, *args: Any) -> Any:
+        return getattr(self.__jax_array__(), name)(*map(_unwrap, args))
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"Same as `jax.Array.{name}` on the cached device buffer."
+    return method
+
+
+# Operators: each forwards to `jax.Array`'s own, so results, dtype promotion and
+# errors are exactly those of `jnp.asarray(x) <op> other`.
+_OPERATORS = (
+    "__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ "
+    "__floordiv__ __rfloordiv__ __mod__ __rmod__ __divmod__ __rdivmod__ __pow__ __rpow__ "
+    "__matmul__ __rmatmul__ __and__ __rand__ __or__ __ror__ __xor__ __rxor__ "
+    "__lshift__ __rlshift__ __rshift__ __rrshift__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__ "
+    "__neg__ __pos__ __abs__ __invert__ __round__ __getitem__"
+).split()
+for _name in _OPERATORS:
+    setattr(FrozenConst, _name, _forward(_name))
+del _name
+
+
+def _flatten(x: FrozenConst) -> tuple[tuple[jax.Array], None]:
+    # A pytree with one leaf, the device buffer: jit arguments cost no transfer
+    # and no retrace (the auxiliary data is None for every instance), and
+    # transformations see the type (JEP 28661).
+    return (x.__jax_array__(),), None
+
+
+def _flatten_with_keys(x: FrozenConst) -> tuple[tuple[tuple[Any, jax.Array]], None]:
+    return ((jax.tree_util.GetAttrKey("value"), x.__jax_array__()),), None
+
+
+def _unflatten(_: None, leaves: Any) -> FrozenConst:
+    (leaf,) = leaves
+    return FrozenConst._derived(leaf)
+
+
+jax.tree_util.register_pytree_with_keys(FrozenConst, _flatten_with_keys, _unflatten, _flatten)

@@ -1,0 +1,70 @@
+"""Where a FrozenConst resolves to while `frozenconst.jit` traces a function.
+
+While `frozenconst.jit` traces, each constant it already knows resolves to a
+parameter of the compiled program (a tracer), so its data never enters the
+program. A constant it meets for the first time resolves to its concrete device
+buffer for the rest of that trace, which is always correct, and is noted: the
+trace is then redone with every constant it met as a parameter, before
+anything is lowered or compiled. One extra trace finds them all.
+
+Each trace runs in a trace context of its own (`_compat.isolated_trace`), so
+inner functions traced during it (a nested `jax.jit`, a `scan` body) are
+cached for that trace alone and never reused with a stale tracer or a concrete
+buffer. On a JAX without that hook, uses inside nested traces stay concrete
+buffers (correct, embedded by JAX's default pipeline).
+
+The frames are per thread: JAX traces on the calling thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import jax
+
+from ._cache import Store
+from ._compat import TRACE_ISOLATION, current_trace
+
+
+class Rediscover(Exception):
+    """Internal: the trace met constants it did not know, so it is redone with them as parameters."""
+
+
+class Frame:
+    """One `frozenconst.jit` trace in progress."""
+
+    __slots__ = ("known", "pending", "trace")
+
+    def __init__(self, known: dict[Store, Any]) -> None:
+        self.known = known
+        self.pending: list[Store] = []
+        self.trace = current_trace()
+
+
+class _Scope(threading.local):
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+
+
+scope = _Scope()
+
+
+def resolve(store: Store) -> jax.Array:
+    """The value `store` stands for in the innermost `frozenconst.jit` trace."""
+    frame = scope.frames[-1]
+    if not TRACE_ISOLATION and current_trace() is not frame.trace:
+        return store.default_array()
+    value = frame.known.get(store)
+    if value is not None:
+        return value  # type: ignore[no-any-return]
+    if store not in frame.pending:
+        frame.pending.append(store)
+    return store.default_array()
+
+
+def array_for(store: Store) -> jax.Array:
+    """`store`'s device value here: a trace parameter inside `frozenconst.jit`, else its buffer."""
+    if scope.frames:
+        return resolve(store)
+    return store.default_array()

@@ -1,0 +1,226 @@
+"""`frozenconst.jit`: `jax.jit` that passes every FrozenConst in as a parameter.
+
+Closed-over arrays are embedded into the compiled program by JAX's default
+constant pipeline (jax #3220, #16278, #14655, #21300, #10596) and copied per
+use or per executable by the simplified one. Passing the array as an argument
+avoids both, and is what every workaround converges on. `frozenconst.jit` does
+that rewrite for you: every FrozenConst the function reaches, however it
+reaches it, becomes a parameter fed from the constant's cached device buffer.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, overload
+
+import jax
+
+from ._cache import Store
+from ._compat import isolated_trace
+from ._hoisting import Frame, Rediscover, array_for, scope
+
+# A trace meets at most this many new constants per retrace round; each round
+# adds all constants it met, so this bounds pathological code only.
+_MAX_ROUNDS = 64
+
+
+def _shift(argnums: int | Sequence[int] | None) -> int | tuple[int, ...] | None:
+    # The compiled function takes the constants as an extra first parameter, so
+    # non-negative argument numbers move up by one. Negative ones count from the
+    # end and stay.
+    if argnums is None:
+        return None
+    if isinstance(argnums, int):
+        return argnums + 1 if argnums >= 0 else argnums
+    return tuple(i + 1 if i >= 0 else i for i in argnums)
+
+
+class JitWrapped:
+    """A function compiled by [`frozenconst.jit`][frozenconst.jit]. Call it like the original."""
+
+    def __init__(self, fun: Callable[..., Any], jit_kwargs: dict[str, Any]) -> None:
+        self._fun = fun
+        self._stores: list[Store] = []
+        self._lock = threading.Lock()
+        kwargs = dict(jit_kwargs)
+        for name in ("static_argnums", "donate_argnums"):
+            if name in kwargs:
+                kwargs[name] = _shift(kwargs[name])
+        in_shardings = kwargs.get("in_shardings")
+        if isinstance(in_shardings, (tuple, list)):
+            kwargs["in_shardings"] = (None, *in_shardings)
+        self._jitted = jax.jit(self._make_traced(), **kwargs)
+        functools.update_wrapper(self, fun)
+
+    def _make_traced(self) -> Callable[..., Any]:
+        fun = self._fun
+
+        def traced(consts: tuple[Any, ...], /, *args: Any, **kwargs: Any) -> Any:
+            known = dict(zip(self._stores, consts))
+            frame = Frame(known)
+            scope.frames.append(frame)
+            try:
+                with isolated_trace():
+                    out = fun(*args, **kwargs)
+            finally:
+                scope.frames.pop()
+                if frame.pending:
+                    with self._lock:
+                        for store in frame.pending:
+                            if store not in self._stores:
+                                self._stores.append(store)
+            if frame.pending:
+                raise Rediscover
+            return out
+
+        try:
+            signature = inspect.signature(fun)
+        except (TypeError, ValueError):
+            signature = None
+        if signature is not None:
+            # jax.jit maps `static_argnames`/`donate_argnames` to positions through
+            # the signature, so give it the user's, behind the constants.
+            consts = inspect.Parameter("_frozenconst_consts", inspect.Parameter.POSITIONAL_ONLY)
+            params = list(signature.parameters.values())
+            traced.__signature__ = signature.replace(parameters=[consts, *params])  # type: ignore[attr-defined]
+        traced.__name__ = getattr(fun, "__name__", "traced")
+        traced.__qualname__ = getattr(fun, "__qualname__", traced.__name__)
+        return traced
+
+    def _consts(self) -> tuple[jax.Array, ...]:
+        return tuple([array_for(s) for s in self._stores])
+
+    def _retrying(self, step: Callable[[tuple[jax.Array, ...]], Any]) -> Any:
+        for _ in range(_MAX_ROUNDS):
+            try:
+                return step(self._consts())
+            except Rediscover:
+                continue
+        raise RuntimeError(  # pragma: no cover - needs 64 rounds of new constants
+            "frozenconst.jit kept meeting new FrozenConsts while tracing; this is a bug, please report it."
+        )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        stores = self._stores
+        if scope.frames:
+            consts = tuple([array_for(s) for s in stores])
+        else:
+            consts = tuple([s.default_array() for s in stores])
+        try:
+            return self._jitted(consts, *args, **kwargs)
+        except Rediscover:
+            return self._retrying(lambda c: self._jitted(c, *args, **kwargs))
+
+    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
+        """Like `jax.jit(f).lower`: the constants are parameters of the lowered program."""
+        return self._retrying(lambda c: Lowered(self._jitted.lower(c, *args, **kwargs), self._stores[: len(c)]))
+
+    def trace(self, *args: Any, **kwargs: Any) -> Traced:
+        """Like `jax.jit(f).trace`: the constants are parameters of the traced program."""
+        return self._retrying(lambda c: Traced(self._jitted.trace(c, *args, **kwargs), self._stores[: len(c)]))
+
+    @property
+    def constants(self) -> int:
+        """How many FrozenConsts this function has met so far (each is one parameter)."""
+        return len(self._stores)
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        return functools.partial(self, instance)
+
+    def __getattr__(self, name: str) -> Any:
+        # `_cache_size`, `clear_cache`, `eval_shape`, ... of the underlying jax.jit.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._jitted, name)
+
+
+class _Stage:
+    """A jax stage object with the constants bound, so it is used like the original's."""
+
+    def __init__(self, stage: Any, stores: list[Store]) -> None:
+        self._stage = stage
+        self._stores = list(stores)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._stage, name)
+
+
+class Traced(_Stage):
+    """`jax.stages.Traced` with the constants bound as parameters."""
+
+    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
+        """Lower the traced program."""
+        return Lowered(self._stage.lower(*args, **kwargs), self._stores)
+
+
+class Lowered(_Stage):
+    """`jax.stages.Lowered` with the constants bound as parameters."""
+
+    def as_text(self, *args: Any, **kwargs: Any) -> str:
+        """The lowered program's text (no FrozenConst data appears in it)."""
+        text: str = self._stage.as_text(*args, **kwargs)
+        return text
+
+    def compile(self, *args: Any, **kwargs: Any) -> Compiled:
+        """Compile the lowered program."""
+        return Compiled(self._stage.compile(*args, **kwargs), self._stores)
+
+
+class Compiled(_Stage):
+    """`jax.stages.Compiled`, called with the original arguments."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        consts = tuple([array_for(s) for s in self._stores])
+        return self._stage(consts, *args, **kwargs)
+
+
+@overload
+def jit(fun: Callable[..., Any], /, **jit_kwargs: Any) -> JitWrapped: ...
+@overload
+def jit(fun: None = None, /, **jit_kwargs: Any) -> Callable[[Callable[..., Any]], JitWrapped]: ...
+def jit(
+    fun: Callable[..., Any] | None = None, /, **jit_kwargs: Any
+) -> JitWrapped | Callable[[Callable[..., Any]], JitWrapped]:
+    """`jax.jit`, with every FrozenConst the function reaches passed in as a parameter.
+
+    Takes the same keyword arguments as `jax.jit`. A FrozenConst closed over,
+    read from a global, held by a static argument, or used inside a nested
+    `jax.jit`, `lax.scan`, `lax.cond`, `jax.grad` or `jax.vmap` becomes a
+    parameter of the compiled program fed from its cached device buffer: the
+    program holds none of its data, and every function shares one device
+    buffer per constant.
+
+    Inside the traced function a FrozenConst is abstract, like an argument:
+    Python control flow on its values (`if x[0] > 0:`) needs `jax.lax.cond`.
+
+    Arguments:
+        fun: the function to compile. Omit it to use `jit(...)` as a decorator factory.
+        **jit_kwargs: anything `jax.jit` accepts (`static_argnums`, `donate_argnums`, ...).
+
+    Returns:
+        A callable with `lower` and `trace` like a `jax.jit` function.
+
+    Example:
+        >>> import numpy as np, jax.numpy as jnp
+        >>> import frozenconst
+        >>> table = frozenconst.FrozenConst(np.ones((512, 512), np.float32))
+        >>> @frozenconst.jit
+        ... def f(w):
+        ...     return jnp.sum(table @ w)
+        >>> f(jnp.ones(512))
+        Array(262144., dtype=float32)
+        >>> len(f.lower(jnp.ones(512)).as_text()) < 2_000   # no 1 MiB constant inside
+        True
+    """
+    if fun is None:
+        return functools.partial(jit, **jit_kwargs)  # type: ignore[return-value]
+    if not callable(fun):
+        raise TypeError(f"frozenconst.jit needs a callable, but received a `{type(fun).__name__}`.")
+    return JitWrapped(fun, jit_kwargs)

@@ -1,0 +1,159 @@
+"""The device cache: one buffer per device, transferred once, concrete even when first used in a trace."""
+
+import gc
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import live_copies, unique_data
+
+from frozenconst import FrozenConst
+
+
+def test_first_use_transfers_once_then_returns_the_same_array():
+    data = unique_data()
+    x = FrozenConst(data)
+    assert live_copies(data) == 0
+    a = jnp.asarray(x)
+    assert live_copies(data) == 1
+    assert jnp.asarray(x) is a
+    assert x.__jax_array__() is a
+    with jax.transfer_guard("disallow"):
+        # A cache hit is no transfer at all, explicit or implicit.
+        assert jnp.asarray(x) is a
+        jnp.sum(x).block_until_ready()
+        jax.jit(lambda v: v * 2)(x).block_until_ready()
+    assert live_copies(data) == 1
+
+
+def test_mixed_eager_and_jitted_uses_leave_one_live_copy():
+    data = unique_data()
+    x = FrozenConst(data)
+    w = jnp.ones((32, 8))
+    for _ in range(3):
+        (x @ w).block_until_ready()
+        jnp.dot(x, w).block_until_ready()
+        jax.jit(lambda v, w: v @ w)(x, w).block_until_ready()
+        jax.jit(lambda w: sum(x @ w for _ in range(5)))(w).block_until_ready()
+        jnp.tanh(x).block_until_ready()
+    assert live_copies(data) == 1
+
+
+@pytest.mark.parametrize(
+    "first_use",
+    [
+        lambda x: jax.jit(lambda w: x @ w)(jnp.ones(32)),
+        lambda x: jax.grad(lambda w: jnp.sum(x @ w))(jnp.ones(32)),
+        lambda x: jax.vmap(lambda w: x @ w)(jnp.ones((2, 32))),
+        lambda x: jax.eval_shape(lambda w: x @ w, jnp.ones(32)),
+        lambda x: jax.lax.scan(lambda c, _: (c + jnp.sum(x), None), 0.0, None, length=3),
+        lambda x: jax.make_jaxpr(lambda w: x @ w)(jnp.ones(32)),
+    ],
+    ids=["jit", "grad", "vmap", "eval_shape", "scan", "make_jaxpr"],
+)
+def test_first_use_inside_a_trace_caches_a_concrete_buffer(first_use):
+    data = unique_data()
+    x = FrozenConst(data)
+    first_use(x)
+    cached = x.__jax_array__()
+    assert not isinstance(cached, jax.core.Tracer)
+    # The cached buffer is usable eagerly afterwards (a leaked tracer would raise).
+    np.testing.assert_allclose(np.asarray(cached + 0), data)
+    assert live_copies(data) == 1
+
+
+def test_default_device_is_followed():
+    data = unique_data()
+    x = FrozenConst(data)
+    cpu = jax.devices("cpu")[0]
+    with jax.default_device(cpu):
+        a = jnp.asarray(x)
+    assert a.devices() == {cpu}
+    assert jnp.asarray(x) is a  # the only device here: same buffer
+
+
+def test_x64_flip_never_returns_the_wrong_dtype():
+    x = FrozenConst(np.arange(4, dtype=np.float64))
+    assert jnp.asarray(x).dtype == jnp.float32
+    with jax.enable_x64(True):
+        assert jnp.asarray(x).dtype == jnp.float64
+        assert (x + 1).dtype == jnp.float64
+    assert jnp.asarray(x).dtype == jnp.float32
+    # float32 data has one device dtype either way: one buffer.
+    y = FrozenConst(np.arange(4, dtype=np.float32))
+    a = jnp.asarray(y)
+    with jax.enable_x64(True):
+        assert jnp.asarray(y) is a
+
+
+def test_sixteen_threads_cause_one_transfer():
+    data = unique_data((256, 256))
+    x = FrozenConst(data)
+    barrier = threading.Barrier(16)
+    results = [None] * 16
+
+    def use(i):
+        barrier.wait()
+        results[i] = jnp.asarray(x)
+
+    threads = [threading.Thread(target=use, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r is results[0] for r in results)
+    assert live_copies(data) == 1
+
+
+def test_evict_drops_buffers_and_next_use_transfers_again():
+    data = unique_data()
+    x = FrozenConst(data)
+    a = jnp.asarray(x)
+    x.evict()
+    del a
+    assert live_copies(data) == 0
+    b = jnp.asarray(x)
+    assert live_copies(data) == 1
+    np.testing.assert_array_equal(np.asarray(b), data)
+
+
+def test_deleted_or_donated_buffer_is_transferred_again():
+    data = unique_data()
+    x = FrozenConst(data)
+    jnp.asarray(x).delete()
+    np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), data)
+    donating = jax.jit(lambda v: v * 2, donate_argnums=0)
+    donating(x).block_until_ready()
+    np.testing.assert_array_equal(np.asarray(x + 0), data)
+    np.testing.assert_array_equal(np.asarray(x), data)  # the host buffer is untouched by donation
+    assert live_copies(data) == 1
+
+
+def test_delete_is_not_offered():
+    x = FrozenConst(np.ones(2))
+    with pytest.raises(AttributeError, match="evict"):
+        x.delete()
+
+
+def test_garbage_collection_frees_device_buffers():
+    data = unique_data()
+    x = FrozenConst(data)
+    jax.jit(lambda w: x @ w)(jnp.ones(32)).block_until_ready()
+    assert live_copies(data) >= 1
+    del x
+    gc.collect()
+    jax.clear_caches()  # executables may hold the constant they embedded
+    gc.collect()
+    assert live_copies(data) == 0
+
+
+def test_cpu_device_buffer_aliases_the_frozen_host_buffer():
+    # JAX's CPU backend aliases 64-byte aligned host buffers (jax #37830); the
+    # frozen buffer is aligned and immutable, so the device copy is free.
+    x = FrozenConst(unique_data())
+    a = jnp.asarray(x)
+    if a.devices().pop().platform != "cpu":
+        pytest.skip("aliasing is a CPU-backend property")
+    assert a.unsafe_buffer_pointer() == np.asarray(x).ctypes.data

@@ -1,0 +1,257 @@
+"""Construction: one copy into a host buffer that nothing can write to again."""
+
+import copy
+import gc
+import pickle
+import weakref
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import frozenconst
+from frozenconst import FrozenConst, FrozenConstTypeError, FrozenConstValueError, TracedValueError
+
+
+def _public_numpy_views(x: FrozenConst) -> list[np.ndarray]:
+    """Every public path that hands out host memory."""
+    return [
+        np.asarray(x),
+        np.array(x, copy=False),
+        np.array(x, copy=None),
+        x.__array__(),
+        x.__array__(copy=False),
+        x.__array__(dtype=x.dtype, copy=None),
+        np.from_dlpack(x),
+    ]
+
+
+def _reachable_bases(arr: np.ndarray):
+    base = arr
+    while base is not None:
+        yield base
+        nxt = getattr(base, "base", None)
+        base = getattr(base, "obj", None) if nxt is None else nxt
+
+
+@pytest.mark.parametrize("make_source", [np.arange(12.0).reshape, lambda s: np.arange(12.0)[::-1].reshape(s)])
+def test_source_mutation_never_reaches_the_constant(make_source):
+    src = make_source((3, 4))
+    x = FrozenConst(src)
+    snapshot = src.copy()
+    device = jnp.asarray(x)
+    src[...] = -1
+    np.testing.assert_array_equal(np.asarray(x), snapshot)
+    np.testing.assert_array_equal(np.asarray(device), snapshot.astype(device.dtype))
+
+
+def test_no_public_path_returns_writable_memory():
+    x = FrozenConst(np.arange(100, dtype=np.float32))
+    for view in _public_numpy_views(x):
+        assert not view.flags.writeable
+        for base in _reachable_bases(view):
+            if isinstance(base, np.ndarray):
+                with pytest.raises(ValueError, match="WRITEABLE"):
+                    base.flags.writeable = True
+            else:
+                # The owner is immutable: bytes, or a DLPack capsule (opaque to Python).
+                assert isinstance(base, bytes) or type(base).__name__ == "PyCapsule", type(base)
+    with pytest.raises(FrozenConstTypeError, match="immutable"):
+        x[0] = 1.0
+
+
+def test_views_are_independent_objects():
+    x = FrozenConst(np.arange(6))
+    v = np.asarray(x)
+    v.shape = (2, 3)  # in-place reshape of the caller's own view
+    assert np.asarray(x).shape == (6,)
+    assert np.shares_memory(v, np.asarray(x))
+
+
+def test_host_buffer_is_64_byte_aligned():
+    for n in [1, 3, 17, 1000, 123457]:
+        x = FrozenConst(np.ones(n, np.int8))
+        assert np.asarray(x).ctypes.data % 64 == 0
+
+
+def test_copy_true_gives_fresh_writable_copy():
+    x = FrozenConst(np.arange(4.0))
+    c = np.array(x, copy=True)
+    assert c.flags.writeable and c.flags.owndata
+    c[0] = 99
+    assert np.asarray(x)[0] == 0
+    d = x.__array__(dtype=np.float32, copy=True)
+    assert d.dtype == np.float32 and d.flags.writeable
+
+
+def test_dtype_conversion_semantics():
+    x = FrozenConst(np.arange(4.0))
+    converted = np.asarray(x, dtype=np.int32)
+    assert converted.dtype == np.int32
+    np.testing.assert_array_equal(converted, [0, 1, 2, 3])
+    with pytest.raises(ValueError, match="copy"):
+        np.array(x, dtype=np.int32, copy=False)
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        np.float32(3.5),
+        7,
+        2.5,
+        True,
+        1 + 2j,
+        [[1, 2], [3, 4]],
+        ((1.0, 2.0), (3.0, 4.0)),
+        np.zeros((0, 3)),
+        np.zeros(()),
+        np.arange(24).reshape(2, 3, 4).transpose(2, 0, 1),
+    ],
+)
+def test_accepts_numpy_values_scalars_and_sequences(obj):
+    x = FrozenConst(obj)
+    expected = np.asarray(obj)
+    assert x.shape == expected.shape and x.dtype == expected.dtype
+    np.testing.assert_array_equal(np.asarray(x), expected)
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.int4, ml_dtypes.uint4],
+)
+def test_accepts_ml_dtypes(dtype):
+    src = np.arange(6).astype(dtype).reshape(2, 3)
+    x = FrozenConst(src)
+    assert x.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(np.asarray(x), src)
+    np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), src)
+
+
+def test_dtype_argument_converts_while_copying():
+    x = FrozenConst([1.5, 2.5], dtype=ml_dtypes.bfloat16)
+    assert x.dtype == np.dtype(ml_dtypes.bfloat16)
+    y = FrozenConst(np.arange(3), dtype="float32")
+    assert y.dtype == np.float32
+
+
+def test_accepts_concrete_jax_array():
+    a = jnp.arange(5.0)
+    x = FrozenConst(a)
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(a))
+    assert not np.shares_memory(np.asarray(x), np.asarray(a))
+
+
+def test_frozenconst_of_frozenconst_shares_buffer():
+    x = FrozenConst(np.arange(10.0))
+    y = FrozenConst(x)
+    assert np.shares_memory(np.asarray(x), np.asarray(y))
+    assert jnp.asarray(x) is jnp.asarray(y)
+    z = FrozenConst(x, dtype=np.float32)
+    assert z.dtype == np.float32 and not np.shares_memory(np.asarray(x), np.asarray(z))
+
+
+@pytest.mark.parametrize(
+    ("obj", "error", "match"),
+    [
+        (np.array([object(), 1], dtype=object), FrozenConstTypeError, "object dtype"),
+        ([None, 1], FrozenConstTypeError, "object dtype"),
+        ("abc", FrozenConstTypeError, "str"),
+        (b"abc", FrozenConstTypeError, "bytes"),
+        (bytearray(b"abc"), FrozenConstTypeError, "bytearray"),
+        (np.array(["a", "b"]), FrozenConstTypeError, "string"),
+        (np.array([b"a"]), FrozenConstTypeError, "string"),
+        (np.zeros(2, dtype=[("a", "f4"), ("b", "i4")]), FrozenConstTypeError, "structured"),
+        (np.zeros(2, dtype="V4"), FrozenConstTypeError, "dtype"),
+        (np.array(["2020-01-01"], dtype="M8[D]"), FrozenConstTypeError, "datetime"),
+        ([[1, 2], [3]], FrozenConstValueError, "rectangular"),
+        (np.ma.masked_array([1, 2], mask=[0, 1]), FrozenConstTypeError, "masked"),
+        ({"a": 1}, FrozenConstTypeError, "object dtype"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(obj, error, match):
+    with pytest.raises(error, match=match) as info:
+        FrozenConst(obj)
+    assert "FrozenConst" in str(info.value)
+    assert isinstance(info.value, (TypeError, ValueError))
+    assert type(info.value).__module__ == "frozenconst"
+
+
+def test_bad_dtype_argument():
+    with pytest.raises(FrozenConstTypeError, match="dtype"):
+        FrozenConst([1, 2], dtype="not-a-dtype")
+    with pytest.raises(FrozenConstTypeError, match="object"):
+        FrozenConst([1, 2], dtype=object)
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        lambda f: jax.jit(f)(jnp.ones(3)),
+        lambda f: jax.grad(lambda v: f(v).sum())(jnp.ones(3)),
+        lambda f: jax.vmap(f)(jnp.ones((2, 3))),
+        lambda f: jax.eval_shape(f, jnp.ones(3)),
+    ],
+    ids=["jit", "grad", "vmap", "eval_shape"],
+)
+def test_tracer_input_needs_a_concrete_value(transform):
+    def build(v):
+        return FrozenConst(v)
+
+    with pytest.raises(TracedValueError, match="concrete value"):
+        transform(build)
+
+
+def test_failed_construction_leaves_nothing_behind():
+    gc.collect()
+    before = len(jax.live_arrays())
+    for bad in ([[1, 2], [3]], "x", np.zeros(2, dtype="V4")):
+        with pytest.raises((FrozenConstTypeError, FrozenConstValueError)):
+            FrozenConst(bad)
+    gc.collect()
+    assert len(jax.live_arrays()) == before
+
+
+def test_pickle_carries_host_data_and_unpickles_frozen():
+    x = FrozenConst(np.arange(6.0).reshape(2, 3))
+    jnp.asarray(x)  # a device buffer exists, and must not travel
+    payload = pickle.dumps(x)
+    assert b"ArrayImpl" not in payload and b"jaxlib" not in payload
+    y = pickle.loads(payload)
+    assert isinstance(y, FrozenConst)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+    assert not np.asarray(y).flags.writeable
+    with pytest.raises(ValueError, match="WRITEABLE"):
+        np.asarray(y).base.flags.writeable = True
+
+
+def test_copy_and_deepcopy_return_the_same_object():
+    x = FrozenConst(np.ones(3))
+    assert copy.copy(x) is x
+    assert copy.deepcopy(x) is x
+    assert copy.deepcopy({"t": x})["t"] is x
+
+
+def test_unhashable_and_elementwise_equality():
+    x = FrozenConst(np.array([1, 2, 3]))
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(x)
+    eq = x == np.array([1, 0, 3])
+    assert isinstance(eq, jax.Array)
+    np.testing.assert_array_equal(eq, [True, False, True])
+
+
+def test_buffers_freed_with_the_constant():
+    x = FrozenConst(np.random.default_rng(1).standard_normal(1000).astype(np.float32))
+    ref = weakref.ref(jnp.asarray(x))
+    assert ref() is not None
+    del x
+    gc.collect()
+    assert ref() is None
+
+
+def test_version_and_public_names():
+    assert isinstance(frozenconst.__version__, str)
+    for name in ["FrozenConst", "jit", "FrozenConstTypeError", "FrozenConstValueError", "TracedValueError"]:
+        assert getattr(frozenconst, name).__module__.startswith("frozenconst")

@@ -1,0 +1,247 @@
+"""frozenconst.jit: every FrozenConst the function reaches becomes a parameter."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import SIMPLIFIED, live_copies, unique_data
+
+import frozenconst
+from frozenconst import FrozenConst
+
+GLOBAL_TABLE = FrozenConst(np.random.default_rng(7).standard_normal((256, 64)).astype(np.float32))
+
+
+def _hlo_size(jitted, *args):
+    return len(jitted.lower(*args).as_text())
+
+
+def _layers(const, n):
+    def f(w):
+        return sum(jnp.sum(const @ w * i) for i in range(n))
+
+    return f
+
+
+@pytest.mark.parametrize("n_uses", [1, 10])
+def test_program_holds_no_constant_data(n_uses):
+    w = jnp.ones((64, 4))
+    small = FrozenConst(unique_data((4, 64)))  # 1 KiB
+    large = FrozenConst(unique_data((65536, 64)))  # 16 MiB
+    small_hlo = _hlo_size(frozenconst.jit(_layers(small, n_uses)), w)
+    large_hlo = _hlo_size(frozenconst.jit(_layers(large, n_uses)), w)
+    # Shapes differ (4 vs 65536 rows), so the text differs by a few characters
+    # per use, never by the 16 MiB of data.
+    assert large_hlo <= 1.05 * small_hlo
+    assert large_hlo < 20_000
+
+    # Within 1.05x of the same function with the constant passed explicitly.
+    def explicit(c, w):
+        return _layers(c, n_uses)(w)
+
+    baseline = _hlo_size(jax.jit(explicit), jnp.asarray(large), w)
+    assert large_hlo <= 1.05 * baseline
+
+
+def test_results_identical_to_jax_jit():
+    x = FrozenConst(unique_data((32, 16)))
+    w = jnp.asarray(unique_data((16, 8)))
+
+    def f(w):
+        return jnp.tanh(x @ w) + x[0, :8] * 2
+
+    np.testing.assert_array_equal(np.asarray(frozenconst.jit(f)(w)), np.asarray(jax.jit(f)(w)))
+
+
+def test_reached_every_way_is_a_parameter():
+    data = unique_data((128, 128))
+    c = FrozenConst(data)
+
+    class Holder:  # hashable by identity: usable as a static argument
+        def __init__(self, table):
+            self.table = table
+
+    inner = jax.jit(lambda w: c @ w)
+
+    def every_way(w, holder, tree):
+        out = c @ w  # closure
+        out += GLOBAL_TABLE[:128, :1].sum() * w  # module global
+        out += holder.table @ w  # static field
+        out += tree["t"] @ w  # nested in a pytree argument
+        out += inner(w)  # nested jax.jit
+        out += jax.lax.scan(lambda carry, _: (carry + c @ w, None), jnp.zeros_like(w), None, length=2)[0]
+        out += jax.lax.cond(w[0] > 0, lambda: c @ w, lambda: -(c @ w))
+        out += jax.grad(lambda v: jnp.sum(c @ v))(w)
+        out += jax.vmap(lambda row: row @ w)(c)
+        return out
+
+    w = jnp.asarray(unique_data((128,)))
+    f = frozenconst.jit(every_way, static_argnums=1)
+    holder = Holder(c)
+    got = f(w, holder, {"t": c})
+    expected = jax.jit(every_way, static_argnums=1)(w, holder, {"t": c})
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5)
+    text = f.lower(w, holder, {"t": c}).as_text()
+    assert len(text) < 60_000  # 64 KiB of data would take far more as text
+    jaxpr = f.trace(w, holder, {"t": c}).jaxpr if hasattr(f, "trace") else None
+    if jaxpr is not None:
+        assert not any(getattr(k, "size", 0) >= 128 * 128 for k in jaxpr.consts)
+    assert live_copies(data) == 1
+
+
+def test_nested_frozenconst_jit_stays_hoisted_even_when_traced_before():
+    c = FrozenConst(unique_data((128, 128)))
+    inner = frozenconst.jit(lambda w: c @ w)
+    inner(jnp.ones(128))  # traced and cached eagerly first
+    outer = frozenconst.jit(lambda w: inner(w) * 2)
+    assert len(outer.lower(jnp.ones(128)).as_text()) < 5_000
+    np.testing.assert_allclose(np.asarray(outer(jnp.ones(128))), np.asarray(c @ jnp.ones(128)) * 2, rtol=1e-6)
+
+
+def test_nested_jax_jit_traced_before_is_hoisted_too():
+    # JAX caches an inner jax.jit's trace by function and argument types; the
+    # one made eagerly below holds the buffer. frozenconst.jit traces in a trace
+    # context of its own, so the inner function is traced afresh there.
+    c = FrozenConst(unique_data((128, 128)))
+    inner = jax.jit(lambda w: c @ w)
+    inner(jnp.ones(128))
+    outer = frozenconst.jit(lambda w: inner(w) + 1)
+    assert len(outer.lower(jnp.ones(128)).as_text()) < 5_000
+    np.testing.assert_allclose(np.asarray(outer(jnp.ones(128))), np.asarray(c @ jnp.ones(128)) + 1, rtol=1e-6)
+
+
+def test_inner_functions_traced_under_frozenconst_jit_never_leak_tracers():
+    c = FrozenConst(unique_data((8, 8)))
+    inner = jax.jit(lambda w: c @ w)
+    body = lambda carry, _: (carry + c @ carry, None)  # noqa: E731 - a reused, module-style body
+    w = jnp.ones(8)
+    frozenconst.jit(lambda w: inner(w) + jax.lax.scan(body, w, None, length=2)[0])(w)
+    # Later uses of the same inner functions, eager and under plain jax.jit.
+    expected = np.asarray(c) @ np.ones(8, np.float32)
+    np.testing.assert_allclose(np.asarray(inner(w)), expected, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda w: inner(w))(w)), expected, rtol=1e-5)
+    jax.lax.scan(body, w, None, length=2)[0].block_until_ready()
+    frozenconst.jit(lambda w: inner(w) * 2)(w).block_until_ready()
+
+
+def test_one_device_copy_shared_by_every_function():
+    data = unique_data((256, 256))
+    c = FrozenConst(data)
+    w = jnp.ones(256)
+    fs = [frozenconst.jit(lambda w, k=k: (c @ w) * k) for k in range(4)]
+    for f in fs:
+        f(w).block_until_ready()
+    eager = c @ w
+    eager.block_until_ready()
+    assert live_copies(data) == 1
+
+
+def test_second_call_does_not_retrace():
+    traces = []
+    c = FrozenConst(unique_data((8, 8)))
+
+    @frozenconst.jit
+    def f(w):
+        traces.append(1)
+        return c @ w
+
+    f(jnp.ones(8))
+    n, size = len(traces), f._cache_size()
+    f(jnp.ones(8))
+    f(jnp.zeros(8))
+    assert len(traces) == n
+    assert f._cache_size() == size
+
+
+def test_constant_discovered_late_gives_correct_results():
+    a = FrozenConst(np.full(4, 1.0, np.float32))
+    b = FrozenConst(np.full(4, 10.0, np.float32))
+
+    @frozenconst.jit
+    def f(w):
+        return a * w if w.shape[0] == 4 and w.ndim == 1 else (b * w[0]).sum() + a.sum()
+
+    np.testing.assert_array_equal(np.asarray(f(jnp.ones(4))), np.ones(4))
+    assert f.constants == 1
+    np.testing.assert_array_equal(np.asarray(f(jnp.ones((1, 4)))), 44.0)  # b first reached here
+    assert f.constants == 2
+    np.testing.assert_array_equal(np.asarray(f(jnp.full(4, 2.0))), np.full(4, 2.0))
+    assert len(f.lower(jnp.ones((1, 4))).as_text()) < 5_000
+
+
+def test_static_and_donated_arguments_behave_as_in_jax_jit():
+    c = FrozenConst(np.arange(4.0, dtype=np.float32))
+
+    @functools.partial(frozenconst.jit, static_argnames="power", donate_argnums=0)
+    def f(w, power):
+        return c**power + w
+
+    w = jnp.ones(4)
+    out = f(w, 2)
+    np.testing.assert_array_equal(np.asarray(out), np.arange(4.0) ** 2 + 1)
+    assert w.is_deleted() or jax.devices()[0].platform == "cpu"  # CPU may decline donation
+    out3 = f(jnp.ones(4), power=3)
+    np.testing.assert_array_equal(np.asarray(out3), np.arange(4.0) ** 3 + 1)
+    g = frozenconst.jit(lambda n, w: c * n + w, static_argnums=(0,))
+    np.testing.assert_array_equal(np.asarray(g(3, jnp.ones(4))), np.arange(4.0) * 3 + 1)
+    with pytest.raises((TypeError, ValueError)):
+        g(jnp.ones(()), jnp.ones(4))  # a non-hashable static argument, as jax.jit says
+
+
+def test_decorator_forms_and_staging_api():
+    c = FrozenConst(np.ones(3, np.float32))
+
+    @frozenconst.jit
+    def f(w):
+        return c + w
+
+    @frozenconst.jit(static_argnums=1)
+    def g(w, k):
+        return c * k + w
+
+    assert f.__name__ == "f"
+    np.testing.assert_array_equal(np.asarray(f(jnp.ones(3))), [2, 2, 2])
+    np.testing.assert_array_equal(np.asarray(g(jnp.ones(3), 2)), [3, 3, 3])
+    compiled = f.lower(jnp.ones(3)).compile()
+    np.testing.assert_array_equal(np.asarray(compiled(jnp.ones(3))), [2, 2, 2])
+    if hasattr(jax.jit(lambda v: v), "trace"):
+        traced = f.trace(jnp.ones(3))
+        np.testing.assert_array_equal(np.asarray(traced.lower().compile()(jnp.ones(3))), [2, 2, 2])
+    with pytest.raises(TypeError, match="callable"):
+        frozenconst.jit(3)
+
+
+def test_method_binding():
+    class Model:
+        def __init__(self):
+            self.table = FrozenConst(np.ones((2, 2), np.float32))
+
+        @frozenconst.jit
+        def __call__(self, w):
+            return self.table @ w
+
+    with pytest.raises((TypeError, ValueError)):
+        Model()(jnp.ones(2))  # `self` is not a JAX type, exactly as with jax.jit
+    model = Model()
+    bound = frozenconst.jit(lambda w: model.table @ w)
+    np.testing.assert_array_equal(np.asarray(bound(jnp.ones(2))), [2, 2])
+
+
+@pytest.mark.parametrize("n_uses", [1, 8])
+def test_plain_jax_jit_holds_one_constant_and_one_copy(n_uses):
+    data = unique_data((512, 64))
+    c = FrozenConst(data)
+    f = _layers(c, n_uses)
+    w = jnp.ones((64, 2))
+    jaxpr = jax.make_jaxpr(f)(w)
+    big = [k for k in jaxpr.consts if getattr(k, "shape", ()) == data.shape]
+    assert len(big) <= 1
+    jax.jit(f)(w).block_until_ready()
+    assert live_copies(data) == 1
+    hlo = len(jax.jit(f).lower(w).as_text())
+    if SIMPLIFIED:
+        assert hlo < 50_000  # hoisted by JAX as an executable argument
+    else:
+        assert hlo > data.nbytes  # embedded: what frozenconst.jit avoids
