@@ -42,7 +42,7 @@ docs: $(VENV311)/.installed
 	$(VENV311)/bin/mkdocs build --strict --quiet --site-dir .site
 
 doctest: $(VENV311)/.installed
-	$(VENV311)/bin/python -m pytest $(PYTEST_FLAGS) --doctest-modules frozenconst --doctest-glob='*.md' docs README.md
+	env -u JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS $(VENV311)/bin/python -m pytest $(PYTEST_FLAGS) --doctest-modules frozenconst --doctest-glob='*.md' docs README.md
 
 # Each environment runs the suite twice: with JAX's default constant pipeline
 # (variable unset) and with the simplified one.

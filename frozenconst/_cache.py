@@ -31,7 +31,7 @@ class Store:
     and its device buffers with it.
     """
 
-    __slots__ = ("host", "_lock", "_by_setting", "_by_device", "__weakref__")
+    __slots__ = ("__weakref__", "_by_device", "_by_setting", "_lock", "host")
 
     def __init__(self, host: np.ndarray[Any, Any]) -> None:
         self.host = host

@@ -53,7 +53,7 @@ class FrozenConst:
         Array(15., dtype=float32)
     """
 
-    __slots__ = ("_store", "_leaf", "_leaf_host", "__weakref__")
+    __slots__ = ("__weakref__", "_leaf", "_leaf_host", "_store")
     # NumPy defers mixed operations (`np_array + x`) to us, as it does to `jax.Array`.
     __array_priority__: ClassVar[int] = 100
 
@@ -178,15 +178,18 @@ class FrozenConst:
     def shape(self) -> tuple[int, ...]:
         """The array's shape."""
         if self._store is not None:
-            return self._store.host.shape
+            shape: tuple[int, ...] = self._store.host.shape
+            return shape
         return tuple(self._leaf.shape)
 
     @property
     def dtype(self) -> np.dtype[Any]:
         """The dtype of the host data (on device JAX may narrow it: float64 to float32 without x64)."""
         if self._store is not None:
-            return self._store.host.dtype
-        return np.dtype(self._leaf.dtype)
+            dtype: np.dtype[Any] = self._store.host.dtype
+            return dtype
+        leaf_dtype: np.dtype[Any] = np.dtype(self._leaf.dtype)
+        return leaf_dtype
 
     @property
     def ndim(self) -> int:
@@ -217,7 +220,8 @@ class FrozenConst:
         host = self._store.host
         if host.size <= _REPR_MAX_ELEMENTS:
             body = np.array2string(host, separator=", ", prefix="FrozenConst(")
-            return f"FrozenConst({body}, dtype={host.dtype})"
+            shape = f", shape={host.shape}" if host.size == 0 else ""
+            return f"FrozenConst({body}{shape}, dtype={host.dtype})"
         return f"FrozenConst(shape={host.shape}, dtype={host.dtype}, nbytes={_human(host.nbytes)})"
 
     # -- scalar conversions, as `jax.Array` allows them ------------------------
@@ -299,13 +303,14 @@ def _forward(name: str) -> Any:
 
 # Operators: each forwards to `jax.Array`'s own, so results, dtype promotion and
 # errors are exactly those of `jnp.asarray(x) <op> other`.
-_OPERATORS = (
-    "__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ "
-    "__floordiv__ __rfloordiv__ __mod__ __rmod__ __divmod__ __rdivmod__ __pow__ __rpow__ "
-    "__matmul__ __rmatmul__ __and__ __rand__ __or__ __ror__ __xor__ __rxor__ "
-    "__lshift__ __rlshift__ __rshift__ __rrshift__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__ "
-    "__neg__ __pos__ __abs__ __invert__ __round__ __getitem__"
-).split()
+_OPERATORS = [
+    *("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__"),
+    *("__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__divmod__", "__rdivmod__"),
+    *("__pow__", "__rpow__", "__matmul__", "__rmatmul__", "__and__", "__rand__", "__or__", "__ror__"),
+    *("__xor__", "__rxor__", "__lshift__", "__rlshift__", "__rshift__", "__rrshift__"),
+    *("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"),
+    *("__neg__", "__pos__", "__abs__", "__invert__", "__round__", "__getitem__"),
+]
 for _name in _OPERATORS:
     setattr(FrozenConst, _name, _forward(_name))
 del _name

@@ -44,9 +44,14 @@ def _jax_dtypes() -> frozenset[np.dtype[Any]]:
 SUPPORTED_DTYPES: frozenset[np.dtype[Any]] = _jax_dtypes()
 
 
+def native(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """`dtype` in this machine's byte order (JAX holds nothing else); the copy converts."""
+    return dtype if dtype.isnative else dtype.newbyteorder("=")
+
+
 def check_dtype(dtype: np.dtype[Any], what: str) -> None:
-    """Raise unless JAX can hold `dtype`."""
-    if dtype in SUPPORTED_DTYPES:
+    """Raise unless JAX can hold `dtype` (in any byte order)."""
+    if native(dtype) in SUPPORTED_DTYPES:
         return
     if dtype.fields is not None:
         kind = "a structured dtype"
@@ -116,14 +121,12 @@ def _as_dtype(dtype: DTypeLike) -> np.dtype[Any]:
     try:
         return np.dtype(dtype)
     except TypeError as err:
-        raise FrozenConstTypeError(
-            f"`dtype` must be a NumPy or JAX dtype, but received {dtype!r}."
-        ) from err
+        raise FrozenConstTypeError(f"`dtype` must be a NumPy or JAX dtype, but received {dtype!r}.") from err
 
 
 def freeze(src: np.ndarray[Any, Any], dtype: np.dtype[Any] | None = None) -> np.ndarray[Any, Any]:
     """Copy `src` (converted to `dtype`) once into a new, 64-byte aligned, read-only buffer."""
-    dtype = src.dtype if dtype is None else dtype
+    dtype = native(src.dtype if dtype is None else dtype)
     nbytes = src.size * dtype.itemsize
     # bytes(n) is calloc'd by CPython: for large n the pages are mapped lazily
     # and touched once, by the copy below.
@@ -134,7 +137,7 @@ def freeze(src: np.ndarray[Any, Any], dtype: np.dtype[Any] | None = None) -> np.
         # A writable window onto the new, still private bytes object. It is
         # dropped before this function returns, so the only references left
         # are read-only ones.
-        window = (ctypes.c_char * nbytes).from_address(address + offset)
+        window = memoryview((ctypes.c_char * nbytes).from_address(address + offset)).cast("B")
         target = np.frombuffer(window, dtype=dtype).reshape(src.shape)
         np.copyto(target, src, casting="unsafe")
         del target, window

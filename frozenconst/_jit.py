@@ -59,7 +59,7 @@ class JitWrapped:
         fun = self._fun
 
         def traced(consts: tuple[Any, ...], /, *args: Any, **kwargs: Any) -> Any:
-            known = dict(zip(self._stores, consts))
+            known = dict(zip(self._stores, consts, strict=False))
             frame = Frame(known)
             scope.frames.append(frame)
             try:
@@ -116,11 +116,17 @@ class JitWrapped:
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Like `jax.jit(f).lower`: the constants are parameters of the lowered program."""
-        return self._retrying(lambda c: Lowered(self._jitted.lower(c, *args, **kwargs), self._stores[: len(c)]))
+        lowered: Lowered = self._retrying(
+            lambda c: Lowered(self._jitted.lower(c, *args, **kwargs), self._stores[: len(c)])
+        )
+        return lowered
 
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
         """Like `jax.jit(f).trace`: the constants are parameters of the traced program."""
-        return self._retrying(lambda c: Traced(self._jitted.trace(c, *args, **kwargs), self._stores[: len(c)]))
+        traced: Traced = self._retrying(
+            lambda c: Traced(self._jitted.trace(c, *args, **kwargs), self._stores[: len(c)])
+        )
+        return traced
 
     @property
     def constants(self) -> int:
@@ -220,7 +226,7 @@ def jit(
         True
     """
     if fun is None:
-        return functools.partial(jit, **jit_kwargs)  # type: ignore[return-value]
+        return functools.partial(jit, **jit_kwargs)
     if not callable(fun):
         raise TypeError(f"frozenconst.jit needs a callable, but received a `{type(fun).__name__}`.")
     return JitWrapped(fun, jit_kwargs)

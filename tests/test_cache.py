@@ -140,7 +140,11 @@ def test_delete_is_not_offered():
 def test_garbage_collection_frees_device_buffers():
     data = unique_data()
     x = FrozenConst(data)
-    jax.jit(lambda w: x @ w)(jnp.ones(32)).block_until_ready()
+
+    def use(c):
+        jax.jit(lambda w: c @ w)(jnp.ones(32)).block_until_ready()
+
+    use(x)
     assert live_copies(data) >= 1
     del x
     gc.collect()

@@ -3,6 +3,7 @@
 import copy
 import gc
 import pickle
+import warnings
 import weakref
 
 import jax
@@ -65,7 +66,9 @@ def test_no_public_path_returns_writable_memory():
 def test_views_are_independent_objects():
     x = FrozenConst(np.arange(6))
     v = np.asarray(x)
-    v.shape = (2, 3)  # in-place reshape of the caller's own view
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # deprecated in NumPy 2.5, still possible
+        v.shape = (2, 3)  # in-place reshape of the caller's own view
     assert np.asarray(x).shape == (6,)
     assert np.shares_memory(v, np.asarray(x))
 

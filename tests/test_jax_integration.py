@@ -18,7 +18,7 @@ def _same(a, b):
     la, ta = jax.tree_util.tree_flatten(a)
     lb, tb = jax.tree_util.tree_flatten(b)
     assert ta == tb, (ta, tb)
-    for u, v in zip(la, lb):
+    for u, v in zip(la, lb, strict=True):
         assert type(u) is type(v), (type(u), type(v))
         if isinstance(u, (jax.Array, np.ndarray)):
             assert u.dtype == v.dtype and u.shape == v.shape
@@ -30,8 +30,20 @@ def _same(a, b):
 # -- operators ---------------------------------------------------------------
 
 _BINARY = [
-    operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.mod,
-    operator.pow, operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge, divmod,
+    operator.add,
+    operator.sub,
+    operator.mul,
+    operator.truediv,
+    operator.floordiv,
+    operator.mod,
+    operator.pow,
+    operator.eq,
+    operator.ne,
+    operator.lt,
+    operator.le,
+    operator.gt,
+    operator.ge,
+    divmod,
 ]
 _INT_BINARY = [operator.and_, operator.or_, operator.xor, operator.lshift, operator.rshift]
 _UNARY = [operator.neg, operator.pos, abs, round]
@@ -71,7 +83,15 @@ def test_matmul_and_indexing_match_jax_array():
     _same(x @ w, ref @ w)
     _same(w.T @ x.T, w.T @ ref.T)
     _same(x @ FrozenConst(w), ref @ jnp.asarray(w))
-    for index in [0, -1, slice(1, 3), (1, 2), (Ellipsis, 0), np.array([0, 2]), jnp.array([True, False, True, True])]:
+    for index in [
+        0,
+        -1,
+        slice(1, 3),
+        (1, 2),
+        (Ellipsis, 0),
+        np.array([0, 2]),
+        jnp.array([True, False, True, True]),
+    ]:
         _same(x[index], ref[index])
     _same(x[FrozenConst(np.array([3, 0]))], ref[jnp.array([3, 0])])
 
@@ -86,7 +106,7 @@ def _same_outcome(fn, x, ref):
     """`fn(x)` and `fn(ref)` return equal results or raise the same exception type."""
     try:
         expected = fn(ref)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         with pytest.raises(type(err)):
             fn(x)
         return
@@ -122,15 +142,37 @@ def test_len_iteration_and_metadata():
 
 # Methods whose call needs an argument: a value that works for the float matrix below.
 _METHOD_ARGS = {
-    "astype": (jnp.int32,), "choose": ([jnp.zeros(4), jnp.ones(4)],), "compress": (jnp.array([True, False, True]),),
-    "dot": (jnp.ones(4),), "reshape": ((4, 3),), "repeat": (2,), "searchsorted": (0.5,), "swapaxes": (0, 1),
-    "take": (jnp.array([0, 2]),), "view": (jnp.int32,), "argpartition": (1,), "to_device": (jax.devices()[0],),
+    "astype": (jnp.int32,),
+    "choose": ([jnp.zeros(4), jnp.ones(4)],),
+    "compress": (jnp.array([True, False, True]),),
+    "dot": (jnp.ones(4),),
+    "reshape": ((4, 3),),
+    "repeat": (2,),
+    "searchsorted": (0.5,),
+    "swapaxes": (0, 1),
+    "take": (jnp.array([0, 2]),),
+    "view": (jnp.int32,),
+    "argpartition": (1,),
+    "to_device": (jax.devices()[0],),
 }
 # Not comparable by value: buffer handles and identities, and the one call that frees.
 _HANDLES = {
-    "at", "device_buffer", "device_buffers", "addressable_data", "addressable_shards", "global_shards",
-    "unsafe_buffer_pointer", "copy_to_host_async", "block_until_ready", "on_device_size_in_bytes", "traceback",
-    "sharding", "format", "layout", "committed", "is_deleted",
+    "at",
+    "device_buffer",
+    "device_buffers",
+    "addressable_data",
+    "addressable_shards",
+    "global_shards",
+    "unsafe_buffer_pointer",
+    "copy_to_host_async",
+    "block_until_ready",
+    "on_device_size_in_bytes",
+    "traceback",
+    "sharding",
+    "format",
+    "layout",
+    "committed",
+    "is_deleted",
 }
 
 
@@ -196,7 +238,12 @@ _BUFFER_PROTOCOL = {"frombuffer"}
 def _public_functions(module):
     for name in sorted(dir(module)):
         fn = getattr(module, name)
-        if name.startswith("_") or not callable(fn) or inspect.isclass(fn) or name in _NOT_VALUE_FUNCTIONS | _BUFFER_PROTOCOL:
+        if (
+            name.startswith("_")
+            or not callable(fn)
+            or inspect.isclass(fn)
+            or name in _NOT_VALUE_FUNCTIONS | _BUFFER_PROTOCOL
+        ):
             continue
         if inspect.ismodule(fn):
             continue
@@ -215,8 +262,10 @@ def _sweep(module):
                         expected = fn(*form(ref))
                 except Exception:
                     continue
-                if not all(isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, bool, complex))
-                           for leaf in jax.tree_util.tree_leaves(expected)):
+                if not all(
+                    isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, bool, complex))
+                    for leaf in jax.tree_util.tree_leaves(expected)
+                ):
                     break
                 x = FrozenConst(candidate)
                 try:
@@ -224,7 +273,7 @@ def _sweep(module):
                         warnings.simplefilter("ignore")
                         got = fn(*form(x))
                     _same(got, expected)
-                except Exception as err:  # noqa: BLE001 - collected and reported below
+                except Exception as err:  # collected and reported below
                     mismatched.append(f"{module.__name__}.{name}: {type(err).__name__}: {err}"[:300])
                 tested.append(name)
                 break
@@ -246,7 +295,7 @@ def test_every_numpy_function_accepts_a_frozenconst(module, minimum):
 def test_lax_needs_asarray_by_design():
     x = FrozenConst(np.ones(3, np.float32))
     # jax.lax refuses __jax_array__ objects (JEP 28661); jnp.asarray is the documented bridge.
-    with pytest.raises((TypeError, ValueError), match="__jax_array__|register"):
+    with pytest.raises((TypeError, ValueError), match=r"__jax_array__|register"):
         jax.lax.add(x, x)
     _same(jax.lax.add(jnp.asarray(x), jnp.asarray(x)), jnp.full(3, 2.0))
 

@@ -115,7 +115,7 @@ def test_nested_jax_jit_traced_before_is_hoisted_too():
 def test_inner_functions_traced_under_frozenconst_jit_never_leak_tracers():
     c = FrozenConst(unique_data((8, 8)))
     inner = jax.jit(lambda w: c @ w)
-    body = lambda carry, _: (carry + c @ carry, None)  # noqa: E731 - a reused, module-style body
+    body = lambda carry, _: (carry + c @ carry, None)  # a reused, module-style body
     w = jnp.ones(8)
     frozenconst.jit(lambda w: inner(w) + jax.lax.scan(body, w, None, length=2)[0])(w)
     # Later uses of the same inner functions, eager and under plain jax.jit.

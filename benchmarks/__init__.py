@@ -1,0 +1,1 @@
+"""frozenconst's benchmark suite: `python -m benchmarks` (see README)."""

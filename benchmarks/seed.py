@@ -1,0 +1,218 @@
+"""The seed scenario: one large constant used by many layers inside one jitted function.
+
+    python -m benchmarks.seed --demo          # the `make demo` table
+    python -m benchmarks.seed --worker ...    # one measurement, as JSON (internal)
+
+JAX reads its constant pipeline (`JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS`) at import,
+so each pipeline is measured in a subprocess of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+VARIANTS = {
+    "numpy-closure": "raw NumPy array, closed over, jax.jit",
+    "jnp.array-closure": "jnp.array, closed over, jax.jit",
+    "argument": "jnp.array passed as an argument, jax.jit (baseline)",
+    "frozenconst-closure": "FrozenConst, closed over, jax.jit",
+    "frozenconst.jit": "FrozenConst, closed over, frozenconst.jit",
+}
+PIPELINES = {"default": None, "simplified": "1"}
+
+
+def _distinct_buffers_equal_to(data: Any) -> tuple[int, int]:
+    """(copies, bytes) of device buffers holding `data`, observed through jax.live_arrays()."""
+    import jax
+    import numpy as np
+
+    gc.collect()
+    seen: dict[tuple[Any, int], int] = {}
+    for arr in jax.live_arrays():
+        if arr.is_deleted() or arr.shape != data.shape or arr.dtype != data.dtype:
+            continue
+        if np.array_equal(np.asarray(arr), data):
+            for shard in arr.addressable_shards:
+                seen[(shard.device, shard.data.unsafe_buffer_pointer())] = shard.data.nbytes
+    return len(seen), sum(seen.values())
+
+
+def measure(variant: str, layers: int, mib: float, steps: int = 5) -> dict[str, Any]:
+    """Build the scenario for one variant and measure it in this process."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import frozenconst
+
+    cols = 256
+    rows = max(1, int(mib * 2**20 / 4 / cols))
+    data = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
+    weights = [
+        jnp.asarray(np.random.default_rng(i + 1).standard_normal((cols, 8)).astype(np.float32))
+        for i in range(layers)
+    ]
+
+    def model(const: Any, ws: list[Any]) -> Any:
+        return sum(jnp.sum(const @ w) for w in ws)
+
+    if variant == "numpy-closure":
+        const: Any = data.copy()
+        fn, args = jax.jit(lambda ws: model(const, ws)), (weights,)
+    elif variant == "jnp.array-closure":
+        const = jnp.array(data)
+        fn, args = jax.jit(lambda ws: model(const, ws)), (weights,)
+    elif variant == "argument":
+        const = jnp.array(data)
+        fn, args = jax.jit(model), (const, weights)
+    elif variant == "frozenconst-closure":
+        const = frozenconst.FrozenConst(data)
+        fn, args = jax.jit(lambda ws: model(const, ws)), (weights,)
+    elif variant == "frozenconst.jit":
+        const = frozenconst.FrozenConst(data)
+        fn, args = frozenconst.jit(lambda ws: model(const, ws)), (weights,)
+    else:
+        raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+
+    start = time.perf_counter()
+    lowered = fn.lower(*args)
+    hlo_bytes = len(lowered.as_text().encode())
+    compiled = lowered.compile()
+    compile_s = time.perf_counter() - start
+    del compiled, lowered
+    # The first call also traces and compiles through jax.jit's own cache.
+    first = time.perf_counter()
+    fn(*args).block_until_ready()
+    first_call_s = time.perf_counter() - first
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        fn(*args).block_until_ready()
+        times.append(time.perf_counter() - t)
+    copies, device_bytes = _distinct_buffers_equal_to(data)
+    return {
+        "variant": variant,
+        "layers": layers,
+        "mib": mib,
+        "hlo_bytes": hlo_bytes,
+        "compile_s": compile_s,
+        "first_call_s": first_call_s,
+        "step_s": statistics.median(times),
+        "live_copies": copies,
+        "device_bytes": device_bytes,
+        "const_bytes": data.nbytes,
+    }
+
+
+def environment() -> dict[str, str]:
+    import jax
+    import numpy as np
+
+    return {
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "numpy": np.__version__,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+        "backend": jax.default_backend(),
+    }
+
+
+def run_in_subprocess(pipeline: str, jobs: list[tuple[str, int, float]], steps: int) -> list[dict[str, Any]]:
+    """Measure `jobs` in a fresh interpreter running JAX's `pipeline` constant pipeline."""
+    env = dict(os.environ)
+    env.pop("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS", None)
+    if PIPELINES[pipeline]:
+        env["JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"] = PIPELINES[pipeline]
+    spec = json.dumps({"jobs": jobs, "steps": steps})
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.seed", "--worker", spec],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1800,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"benchmark worker failed ({pipeline}):\n{out.stderr[-4000:]}")
+    rows: list[dict[str, Any]] = json.loads(out.stdout.strip().splitlines()[-1])
+    for row in rows:
+        row["pipeline"] = pipeline
+    return rows
+
+
+def _worker(spec: str) -> None:
+    request = json.loads(spec)
+    rows = []
+    for variant, layers, mib in request["jobs"]:
+        rows.append(measure(variant, layers, mib, request["steps"]))
+        gc.collect()
+        import jax
+
+        jax.clear_caches()
+    rows.append({"environment": environment()})
+    print(json.dumps(rows))
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table, each figure also as a ratio to the as-argument baseline of the same run."""
+    base = {(r["pipeline"], r["layers"], r["mib"]): r for r in rows if r["variant"] == "argument"}
+    lines = [
+        "| pipeline | L | MiB | variant | live copies | device MiB | HLO bytes (x base) "
+        "| compile s (x base) | step ms (x base) |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        b = base[(r["pipeline"], r["layers"], r["mib"])]
+        lines.append(
+            f"| {r['pipeline']} | {r['layers']} | {r['mib']:g} | {r['variant']} | {r['live_copies']} "
+            f"| {r['device_bytes'] / 2**20:.1f} "
+            f"| {r['hlo_bytes']:,} ({r['hlo_bytes'] / b['hlo_bytes']:.2f}x) "
+            f"| {r['compile_s']:.3f} ({r['compile_s'] / b['compile_s']:.2f}x) "
+            f"| {r['step_s'] * 1e3:.2f} ({r['step_s'] / b['step_s']:.2f}x) |"
+        )
+    return "\n".join(lines)
+
+
+def demo() -> None:
+    layers, mib = 40, 4
+    print(
+        f"Seed scenario: one {mib} MiB float32 constant matmul'd against {layers} weight matrices "
+        "inside one jitted function.\n"
+    )
+    rows: list[dict[str, Any]] = []
+    env: dict[str, str] = {}
+    for pipeline in PIPELINES:
+        result = run_in_subprocess(pipeline, [(v, layers, mib) for v in VARIANTS], steps=5)
+        env = result.pop()["environment"]
+        rows += result
+    print(table(rows))
+    print("\nvariants:")
+    for name, text in VARIANTS.items():
+        print(f"  {name:20s} {text}")
+    print("\n" + ", ".join(f"{k} {v}" for k, v in env.items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--demo", action="store_true", help="print the seed scenario table (make demo)")
+    parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        _worker(args.worker)
+    else:
+        demo()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""Hypothesis strategies for `FrozenConst`, built on `hypothesis.extra.numpy`.
+
+Importing this module registers `FrozenConst` with `st.from_type`, so
+`@given(x=st.from_type(FrozenConst))` and `@given` with a `FrozenConst`
+annotation just work. Hypothesis also loads that registration itself through
+this package's `hypothesis` entry point.
+
+Example:
+    >>> from hypothesis import given, strategies as st
+    >>> from frozenconst import FrozenConst
+    >>> from frozenconst.strategies import frozen_consts
+    >>> @given(frozen_consts(dtype="float32", shape=(2, 3)))
+    ... def test_shape(x):
+    ...     assert x.shape == (2, 3) and x.dtype == "float32"
+    >>> test_shape()
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+try:
+    import hypothesis.extra.numpy as hnp
+    from hypothesis import strategies as st
+except ImportError as err:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "frozenconst.strategies needs hypothesis. Install it with `pip install hypothesis` "
+        "or `pip install 'frozenconst[test]'`."
+    ) from err
+
+import jax
+import ml_dtypes
+import numpy as np
+from numpy.typing import DTypeLike
+
+from ._frozen import FrozenConst
+from ._host import SUPPORTED_DTYPES
+
+__all__ = ["frozen_consts", "jax_dtypes"]
+
+# ml_dtypes ships no annotations; these two are all we use of it.
+_iinfo: Callable[[Any], Any] = ml_dtypes.iinfo
+_finfo: Callable[[Any], Any] = ml_dtypes.finfo
+
+
+@functools.cache
+def _usable_dtypes() -> tuple[np.dtype[Any], ...]:
+    # Every dtype `jax.numpy` offers that the default backend can hold and read
+    # back: jax 0.10's CPU backend offers float6 types it cannot transfer, and
+    # int1 arrays it cannot read back.
+    usable = []
+    for dtype in sorted(SUPPORTED_DTYPES, key=lambda d: d.name):
+        try:
+            on_device = jax.device_put(np.zeros(2, dtype))
+            np.asarray(on_device)
+            np.asarray(jax.jit(lambda v: v[::-1])(on_device))
+        except Exception:  # any failure means "not on this backend"
+            continue
+        usable.append(dtype)
+    return tuple(usable)
+
+
+def jax_dtypes() -> st.SearchStrategy[np.dtype[Any]]:
+    """Every dtype JAX supports on the default backend, bfloat16, float8, int4 and friends included."""
+    # Deferred: probing the backend starts it, which must not happen when
+    # hypothesis merely loads this module through its entry point.
+    return st.deferred(lambda: st.sampled_from(_usable_dtypes()))
+
+
+def _is_numpy_builtin(dtype: np.dtype[Any]) -> bool:
+    # ml_dtypes types report NumPy kinds too (float8_e5m2 says "f"), so ask
+    # where the scalar type comes from instead.
+    return dtype.type.__module__ == "numpy"
+
+
+def _elements(dtype: np.dtype[Any], allow_nan: bool) -> st.SearchStrategy[Any]:
+    if _is_numpy_builtin(dtype):
+        return hnp.from_dtype(dtype, allow_nan=allow_nan, allow_infinity=allow_nan)
+    # ml_dtypes types: draw in a wider NumPy type, then round into the narrow one.
+    try:
+        info: Any = _iinfo(dtype)
+        return st.integers(int(info.min), int(info.max))
+    except (ValueError, TypeError):
+        finfo = _finfo(dtype)
+        return st.floats(
+            float(finfo.min), float(finfo.max), allow_nan=False, allow_infinity=False, width=32
+        ) | (st.just(float("nan")) if allow_nan else st.nothing())
+
+
+def frozen_consts(
+    dtype: DTypeLike | st.SearchStrategy[np.dtype[Any]] | None = None,
+    shape: int | tuple[int, ...] | st.SearchStrategy[tuple[int, ...]] | None = None,
+    *,
+    elements: st.SearchStrategy[Any] | None = None,
+    allow_nan: bool = False,
+    max_dims: int = 3,
+    max_side: int = 5,
+) -> st.SearchStrategy[FrozenConst]:
+    """A strategy for `FrozenConst`s.
+
+    Arguments:
+        dtype: a dtype, or a strategy for one. Default: any dtype JAX supports
+            (`jax_dtypes()`), bfloat16 and the float8 types included.
+        shape: a shape, or a strategy for one. Default: 0 to `max_dims`
+            dimensions of 0 to `max_side` elements, so 0-d and zero-size arrays
+            appear.
+        elements: a strategy for the values. Default: every finite value of the
+            dtype (NaN too if `allow_nan`).
+        allow_nan: whether the default elements include NaN and infinities.
+        max_dims: the most dimensions of a default shape.
+        max_side: the longest side of a default shape.
+
+    Returns:
+        A strategy that shrinks towards small shapes and zeros.
+    """
+    dtypes = (
+        dtype
+        if isinstance(dtype, st.SearchStrategy)
+        else (jax_dtypes() if dtype is None else st.just(np.dtype(dtype)))
+    )
+    shapes = (
+        shape
+        if isinstance(shape, st.SearchStrategy)
+        else (
+            hnp.array_shapes(min_dims=0, max_dims=max_dims, min_side=0, max_side=max_side)
+            if shape is None
+            else st.just((shape,) if isinstance(shape, int) else tuple(shape))
+        )
+    )
+
+    @st.composite
+    def build(draw: st.DrawFn) -> FrozenConst:
+        dt = np.dtype(draw(dtypes))
+        sh = draw(shapes)
+        native = _is_numpy_builtin(dt)
+        values = elements if elements is not None else _elements(dt, allow_nan)
+        drawn_dtype = dt if native else (np.int64 if _is_integer(dt) else np.float32)
+        data = draw(hnp.arrays(drawn_dtype, sh, elements=values))
+        return FrozenConst(data if native else data.astype(dt))
+
+    return build()
+
+
+def _is_integer(dtype: np.dtype[Any]) -> bool:
+    try:
+        _iinfo(dtype)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+# `st.from_type(FrozenConst)`, and `@given` on a `FrozenConst` annotation.
+st.register_type_strategy(FrozenConst, frozen_consts())
