@@ -32,8 +32,8 @@ demo: $(VENV311)/.installed
 	$(VENV311)/bin/python -m benchmarks.seed --demo
 
 lint: $(VENV311)/.installed
-	$(VENV311)/bin/ruff check frozenconst tests benchmarks
-	$(VENV311)/bin/ruff format --check frozenconst tests benchmarks
+	$(VENV311)/bin/ruff check frozenconst tests benchmarks examples
+	$(VENV311)/bin/ruff format --check frozenconst tests benchmarks examples
 
 typecheck: $(VENV311)/.installed
 	$(VENV311)/bin/mypy frozenconst

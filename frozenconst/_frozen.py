@@ -11,9 +11,10 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from . import _hoisting
-from ._cache import Store
+from ._cache import Placement, Store
 from ._errors import FrozenConstTypeError, FrozenConstValueError
 from ._host import freeze, to_numpy
+from ._placement import Target, as_sharding
 
 # `jax.Array` methods that free or invalidate the cached buffer. Everything else
 # on `jax.Array` is offered on `FrozenConst` too, computed on the cached buffer.
@@ -35,6 +36,10 @@ class FrozenConst:
             `jax.Array`, or another `FrozenConst` (which shares its buffers,
             no copy).
         dtype: convert to this dtype while copying. Default: keep the dtype.
+        sharding: a placement (`jax.Device`, `Sharding`, or `PartitionSpec`
+            under `jax.set_mesh`) that every use of this constant gets:
+            `jnp` calls, jit arguments and `frozenconst.jit`. Default: follow
+            `jax.default_device`. See [`placed`][frozenconst.FrozenConst.placed].
 
     Raises:
         FrozenConstTypeError: `obj` is not numeric data JAX can hold (object,
@@ -53,28 +58,41 @@ class FrozenConst:
         Array(15., dtype=float32)
     """
 
-    __slots__ = ("__weakref__", "_leaf", "_leaf_host", "_store")
+    __slots__ = ("__weakref__", "_leaf", "_leaf_host", "_placement", "_store")
     # NumPy defers mixed operations (`np_array + x`) to us, as it does to `jax.Array`.
     __array_priority__: ClassVar[int] = 100
 
     _store: Store | None
     _leaf: Any
     _leaf_host: Store | None
+    _placement: jax.sharding.Sharding | None
 
-    def __init__(self, obj: ArrayLike | FrozenConst, dtype: DTypeLike | None = None) -> None:
-        if isinstance(obj, FrozenConst):
-            if obj._store is not None and (dtype is None or np.dtype(dtype) == obj._store.host.dtype):
-                self._init(obj._store, None)
-                return
-            obj = obj._leaf if obj._store is None else obj._store.host
-        array = to_numpy(obj, dtype)
-        want = None if dtype is None else np.dtype(dtype)
-        self._init(Store(freeze(array, want)), None)
+    def __init__(
+        self,
+        obj: ArrayLike | FrozenConst,
+        dtype: DTypeLike | None = None,
+        *,
+        sharding: Target | None = None,
+    ) -> None:
+        if (
+            isinstance(obj, FrozenConst)
+            and obj._store is not None
+            and (dtype is None or np.dtype(dtype) == obj._store.host.dtype)
+        ):
+            store = obj._store
+        else:
+            if isinstance(obj, FrozenConst):
+                obj = obj._leaf if obj._store is None else obj._store.host
+            array = to_numpy(obj, dtype)
+            store = Store(freeze(array, None if dtype is None else np.dtype(dtype)))
+        placement = None if sharding is None else as_sharding(sharding, store.host.shape)
+        self._init(store, None, placement)
 
-    def _init(self, store: Store | None, leaf: Any) -> None:
+    def _init(self, store: Store | None, leaf: Any, placement: jax.sharding.Sharding | None = None) -> None:
         self._store = store
         self._leaf = leaf
         self._leaf_host = None
+        self._placement = placement
 
     @classmethod
     def _derived(cls, leaf: Any) -> FrozenConst:
@@ -90,16 +108,103 @@ class FrozenConst:
     # -- the device side -------------------------------------------------------
 
     def __jax_array__(self) -> jax.Array:
-        """The cached device buffer on the default device (a tracer while `frozenconst.jit` traces)."""
+        """The cached device array: on the default device, or with the declared sharding.
+
+        While `frozenconst.jit` traces, a parameter of the compiled program (a tracer).
+        """
         store = self._store
         if store is None:
             return self._leaf  # type: ignore[no-any-return]
         if _hoisting.scope.frames:
-            return _hoisting.resolve(store)
+            return _hoisting.resolve(store, self._placement)
+        if self._placement is not None:
+            return store.placed(self._placement)
         return store.default_array()
 
-    def evict(self) -> None:
-        """Drop every cached device buffer; the next use transfers again.
+    def on(self, target: Target) -> jax.Array:
+        """The constant as a committed `jax.Array` with exactly this placement, cached.
+
+        Arguments:
+            target: a `jax.Device`, any `jax.sharding.Sharding` (a `NamedSharding`
+                with any `PartitionSpec`, a `SingleDeviceSharding`), or a bare
+                `PartitionSpec` inside `with jax.set_mesh(mesh):`.
+
+        Returns:
+            The same `jax.Array` for every equal target (equal shardings, not only
+            identical objects). Each process transfers only its addressable shards,
+            each straight from the frozen host buffer.
+
+        Raises:
+            FrozenConstTypeError: `target` is not a device, sharding or PartitionSpec.
+            FrozenConstValueError: the sharding does not fit the constant's shape, or
+                a bare PartitionSpec is given with no active mesh.
+
+        Example:
+            >>> import jax, numpy as np
+            >>> from frozenconst import FrozenConst
+            >>> x = FrozenConst(np.arange(4.0))
+            >>> cpu0 = jax.devices()[0]
+            >>> x.on(cpu0) is x.on(jax.sharding.SingleDeviceSharding(cpu0))
+            True
+            >>> x.on(cpu0).committed
+            True
+        """
+        store = self._concrete_store("on")
+        return store.placed(as_sharding(target, store.host.shape))
+
+    def placed(self, target: Target) -> FrozenConst:
+        """A handle on the same constant whose every use gets this placement.
+
+        `jnp` calls, jit arguments and `frozenconst.jit` all receive `x.on(target)`
+        instead of the default-device buffer. The host buffer and the device
+        cache are shared with `self`: no copy.
+
+        Example:
+            >>> import jax, numpy as np
+            >>> from frozenconst import FrozenConst
+            >>> x = FrozenConst(np.arange(4.0)).placed(jax.devices()[0])
+            >>> jax.numpy.asarray(x).committed
+            True
+        """
+        store = self._concrete_store("placed")
+        handle = object.__new__(FrozenConst)
+        handle._init(store, None, as_sharding(target, store.host.shape))
+        return handle
+
+    @property
+    def sharding_target(self) -> jax.sharding.Sharding | None:
+        """The declared placement (from `sharding=` or `placed`), or None to follow `jax.default_device`."""
+        return self._placement
+
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        """The cached device placements, each with its sharding, dtype and bytes per device.
+
+        Example:
+            >>> import jax, numpy as np
+            >>> from frozenconst import FrozenConst
+            >>> x = FrozenConst(np.zeros(256, np.float32))
+            >>> _ = jax.numpy.asarray(x)
+            >>> [dict(p.device_bytes) for p in x.placements]
+            [{CpuDevice(id=0): 1024}]
+        """
+        return () if self._store is None else self._store.placements()
+
+    def _concrete_store(self, what: str) -> Store:
+        if self._store is None:
+            raise FrozenConstTypeError(
+                f"`{what}` needs the constant itself, but this FrozenConst is a value derived "
+                f"from one inside a transformation ({self._leaf!r}). Call it on the original, "
+                "outside the transformation."
+            )
+        return self._store
+
+    def evict(self, target: Target | None = None) -> None:
+        """Drop cached device buffers; the next use transfers again.
+
+        Arguments:
+            target: drop only this placement (for a device, also the default
+                buffer on it). Default: drop every cached placement.
 
         Example:
             >>> import jax, numpy as np
@@ -111,7 +216,7 @@ class FrozenConst:
             False
         """
         if self._store is not None:
-            self._store.evict()
+            self._store.evict(None if target is None else as_sharding(target, self._store.host.shape))
 
     @property
     def is_concrete(self) -> bool:

@@ -19,9 +19,10 @@ The frames are per thread: JAX traces on the calling thread.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, TypeAlias
 
 import jax
+from jax.sharding import Sharding
 
 from ._cache import Store
 from ._compat import TRACE_ISOLATION, current_trace
@@ -31,14 +32,25 @@ class Rediscover(Exception):
     """Internal: the trace met constants it did not know, so it is redone with them as parameters."""
 
 
+# A constant as frozenconst.jit passes it: its store, and its declared placement
+# (None: the default, or the computation's mesh; see `JitWrapped.__call__`).
+Source: TypeAlias = tuple[Store, Sharding | None]
+
+
+def source_array(source: Source) -> jax.Array:
+    """The cached array for `source` outside any trace."""
+    store, placement = source
+    return store.default_array() if placement is None else store.placed(placement)
+
+
 class Frame:
     """One `frozenconst.jit` trace in progress."""
 
     __slots__ = ("known", "pending", "trace")
 
-    def __init__(self, known: dict[Store, Any]) -> None:
+    def __init__(self, known: dict[Source, Any]) -> None:
         self.known = known
-        self.pending: list[Store] = []
+        self.pending: list[Source] = []
         self.trace = current_trace()
 
 
@@ -50,21 +62,22 @@ class _Scope(threading.local):
 scope = _Scope()
 
 
-def resolve(store: Store) -> jax.Array:
-    """The value `store` stands for in the innermost `frozenconst.jit` trace."""
+def resolve(store: Store, placement: Sharding | None) -> jax.Array:
+    """The value a constant stands for in the innermost `frozenconst.jit` trace."""
     frame = scope.frames[-1]
+    source = (store, placement)
     if not TRACE_ISOLATION and current_trace() is not frame.trace:
-        return store.default_array()
-    value = frame.known.get(store)
+        return source_array(source)
+    value = frame.known.get(source)
     if value is not None:
         return value  # type: ignore[no-any-return]
-    if store not in frame.pending:
-        frame.pending.append(store)
-    return store.default_array()
+    if source not in frame.pending:
+        frame.pending.append(source)
+    return source_array(source)
 
 
-def array_for(store: Store) -> jax.Array:
-    """`store`'s device value here: a trace parameter inside `frozenconst.jit`, else its buffer."""
+def array_for(source: Source) -> jax.Array:
+    """A constant's device value here: a trace parameter inside `frozenconst.jit`, else its buffer."""
     if scope.frames:
-        return resolve(store)
-    return store.default_array()
+        return resolve(*source)
+    return source_array(source)

@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, overload
 
 import jax
+from jax.sharding import NamedSharding, PartitionSpec
 
-from ._cache import Store
 from ._compat import isolated_trace
-from ._hoisting import Frame, Rediscover, array_for, scope
+from ._hoisting import Frame, Rediscover, Source, array_for, scope, source_array
+from ._placement import mesh_of
 
 # A trace meets at most this many new constants per retrace round; each round
 # adds all constants it met, so this bounds pathological code only.
@@ -38,12 +39,37 @@ def _shift(argnums: int | Sequence[int] | None) -> int | tuple[int, ...] | None:
     return tuple(i + 1 if i >= 0 else i for i in argnums)
 
 
+def _feed(sources: Sequence[Source], args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
+    """The arrays to pass for `sources` in a call with these arguments."""
+    if scope.frames:
+        # Called while another frozenconst.jit traces: its parameters.
+        return tuple([array_for(s) for s in sources])
+    if _multi_device() and any(p is None for _, p in sources):
+        # A constant with no declared placement follows the computation's mesh,
+        # replicated: passing a single-device buffer into a sharded computation
+        # would make JAX move it on every call.
+        mesh = mesh_of((args, kwargs))
+        if mesh is not None:
+            replicated = NamedSharding(mesh, _REPLICATED)
+            return tuple([st.placed(replicated) if p is None else st.placed(p) for st, p in sources])
+    return tuple([source_array(s) for s in sources])
+
+
+# PartitionSpec's constructor is unannotated in jax 0.10.
+_REPLICATED: PartitionSpec = PartitionSpec()  # type: ignore[no-untyped-call,unused-ignore]
+
+
+@functools.cache
+def _multi_device() -> bool:
+    return jax.device_count() > 1
+
+
 class JitWrapped:
     """A function compiled by [`frozenconst.jit`][frozenconst.jit]. Call it like the original."""
 
     def __init__(self, fun: Callable[..., Any], jit_kwargs: dict[str, Any]) -> None:
         self._fun = fun
-        self._stores: list[Store] = []
+        self._sources: list[Source] = []
         self._lock = threading.Lock()
         kwargs = dict(jit_kwargs)
         for name in ("static_argnums", "donate_argnums"):
@@ -59,8 +85,7 @@ class JitWrapped:
         fun = self._fun
 
         def traced(consts: tuple[Any, ...], /, *args: Any, **kwargs: Any) -> Any:
-            known = dict(zip(self._stores, consts, strict=False))
-            frame = Frame(known)
+            frame = Frame(dict(zip(self._sources, consts, strict=False)))
             scope.frames.append(frame)
             try:
                 with isolated_trace():
@@ -69,9 +94,7 @@ class JitWrapped:
                 scope.frames.pop()
                 if frame.pending:
                     with self._lock:
-                        for store in frame.pending:
-                            if store not in self._stores:
-                                self._stores.append(store)
+                        self._sources.extend(s for s in frame.pending if s not in self._sources)
             if frame.pending:
                 raise Rediscover
             return out
@@ -90,13 +113,10 @@ class JitWrapped:
         traced.__qualname__ = getattr(fun, "__qualname__", traced.__name__)
         return traced
 
-    def _consts(self) -> tuple[jax.Array, ...]:
-        return tuple([array_for(s) for s in self._stores])
-
-    def _retrying(self, step: Callable[[tuple[jax.Array, ...]], Any]) -> Any:
+    def _retrying(self, step: Callable[[tuple[jax.Array, ...]], Any], args: Any, kwargs: Any) -> Any:
         for _ in range(_MAX_ROUNDS):
             try:
-                return step(self._consts())
+                return step(_feed(self._sources, args, kwargs))
             except Rediscover:
                 continue
         raise RuntimeError(  # pragma: no cover - needs 64 rounds of new constants
@@ -104,34 +124,29 @@ class JitWrapped:
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        stores = self._stores
-        if scope.frames:
-            consts = tuple([array_for(s) for s in stores])
-        else:
-            consts = tuple([s.default_array() for s in stores])
         try:
-            return self._jitted(consts, *args, **kwargs)
+            return self._jitted(_feed(self._sources, args, kwargs), *args, **kwargs)
         except Rediscover:
-            return self._retrying(lambda c: self._jitted(c, *args, **kwargs))
+            return self._retrying(lambda c: self._jitted(c, *args, **kwargs), args, kwargs)
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Like `jax.jit(f).lower`: the constants are parameters of the lowered program."""
         lowered: Lowered = self._retrying(
-            lambda c: Lowered(self._jitted.lower(c, *args, **kwargs), self._stores[: len(c)])
+            lambda c: Lowered(self._jitted.lower(c, *args, **kwargs), self._sources[: len(c)]), args, kwargs
         )
         return lowered
 
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
         """Like `jax.jit(f).trace`: the constants are parameters of the traced program."""
         traced: Traced = self._retrying(
-            lambda c: Traced(self._jitted.trace(c, *args, **kwargs), self._stores[: len(c)])
+            lambda c: Traced(self._jitted.trace(c, *args, **kwargs), self._sources[: len(c)]), args, kwargs
         )
         return traced
 
     @property
     def constants(self) -> int:
         """How many FrozenConsts this function has met so far (each is one parameter)."""
-        return len(self._stores)
+        return len(self._sources)
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
@@ -148,9 +163,9 @@ class JitWrapped:
 class _Stage:
     """A jax stage object with the constants bound, so it is used like the original's."""
 
-    def __init__(self, stage: Any, stores: list[Store]) -> None:
+    def __init__(self, stage: Any, sources: list[Source]) -> None:
         self._stage = stage
-        self._stores = list(stores)
+        self._sources = list(sources)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -163,7 +178,7 @@ class Traced(_Stage):
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Lower the traced program."""
-        return Lowered(self._stage.lower(*args, **kwargs), self._stores)
+        return Lowered(self._stage.lower(*args, **kwargs), self._sources)
 
 
 class Lowered(_Stage):
@@ -176,15 +191,14 @@ class Lowered(_Stage):
 
     def compile(self, *args: Any, **kwargs: Any) -> Compiled:
         """Compile the lowered program."""
-        return Compiled(self._stage.compile(*args, **kwargs), self._stores)
+        return Compiled(self._stage.compile(*args, **kwargs), self._sources)
 
 
 class Compiled(_Stage):
     """`jax.stages.Compiled`, called with the original arguments."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        consts = tuple([array_for(s) for s in self._stores])
-        return self._stage(consts, *args, **kwargs)
+        return self._stage(_feed(self._sources, args, kwargs), *args, **kwargs)
 
 
 @overload

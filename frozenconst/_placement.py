@@ -1,0 +1,58 @@
+"""Placement targets: a device, a sharding, or a PartitionSpec under the active mesh."""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
+
+from ._errors import FrozenConstTypeError, FrozenConstValueError
+
+Target: TypeAlias = jax.Device | Sharding | PartitionSpec
+"""What `FrozenConst.on` accepts: a `jax.Device`, any `jax.sharding.Sharding`, or a
+`PartitionSpec` under a mesh set with `jax.set_mesh`."""
+
+
+def _active_mesh() -> Any:
+    get_mesh = getattr(jax.sharding, "get_mesh", None)
+    mesh = get_mesh() if get_mesh is not None else None
+    return None if mesh is None or mesh.empty else mesh
+
+
+def as_sharding(target: Any, shape: tuple[int, ...]) -> Sharding:
+    """Turn a placement target into a sharding valid for an array of `shape`, or raise."""
+    if isinstance(target, jax.Device):
+        return SingleDeviceSharding(target)
+    if isinstance(target, PartitionSpec):
+        mesh = _active_mesh()
+        if mesh is None:
+            raise FrozenConstValueError(
+                f"A bare PartitionSpec ({target}) needs an active mesh. Use it inside "
+                "`with jax.set_mesh(mesh):`, or pass `NamedSharding(mesh, spec)`."
+            )
+        target = NamedSharding(mesh, target)
+    if not isinstance(target, Sharding):
+        raise FrozenConstTypeError(
+            f"A placement target must be a `jax.Device`, a `jax.sharding.Sharding` or a "
+            f"`PartitionSpec`, but received a `{type(target).__name__}`."
+        )
+    try:
+        target.shard_shape(shape)
+    except (ValueError, TypeError, IndexError) as err:
+        raise FrozenConstValueError(
+            f"The sharding {target} does not fit a constant of shape {shape}: {err}"
+        ) from err
+    return target
+
+
+def mesh_of(tree: Any) -> Any:
+    """The mesh of the first multi-device `NamedSharding` among the arrays in `tree`, if any."""
+    mesh = _active_mesh()
+    if mesh is not None:
+        return mesh
+    for leaf in jax.tree_util.tree_leaves(tree):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
+            return sharding.mesh
+    return None

@@ -1,0 +1,171 @@
+"""Cases that need 4 devices. Run by test_multidevice.py in a pytest subprocess of
+their own, because `jax_num_cpu_devices` must be set before JAX's backend starts."""
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 4)
+
+import gc  # noqa: E402
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from jax.sharding import NamedSharding, SingleDeviceSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import frozenconst  # noqa: E402
+from frozenconst import FrozenConst, FrozenConstTypeError, FrozenConstValueError  # noqa: E402
+
+
+def _data(rows=64, cols=32, seed=0):
+    return np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+
+
+def _buffers_holding(data):
+    """(device, shape, nbytes) of every live device buffer whose contents are a slice of `data`."""
+    gc.collect()
+    found = set()
+    for arr in jax.live_arrays():
+        for shard in arr.addressable_shards:
+            piece = np.asarray(shard.data)
+            if (
+                piece.dtype == data.dtype
+                and np.array_equal(piece, data[shard.index])
+                and arr.shape == data.shape
+            ):
+                found.add((shard.device, piece.shape, shard.data.unsafe_buffer_pointer(), shard.data.nbytes))
+    return found
+
+
+def test_four_devices():
+    assert jax.device_count() == 4
+
+
+def test_sharded_placement_holds_a_quarter_per_device():
+    data = _data()
+    x = FrozenConst(data)
+    mesh = jax.make_mesh((4,), ("x",))
+    arr = x.on(NamedSharding(mesh, P("x")))
+    assert arr.committed and arr.sharding == NamedSharding(mesh, P("x"))
+    np.testing.assert_array_equal(np.asarray(arr), data)
+    buffers = _buffers_holding(data)
+    # Exactly one buffer per device, each a quarter, and no full copy anywhere.
+    assert len(buffers) == 4
+    assert {b[0] for b in buffers} == set(jax.devices())
+    assert all(b[1] == (16, 32) and b[3] == data.nbytes // 4 for b in buffers)
+    assert {tuple(sorted(p.device_bytes.values())) for p in x.placements} == {(data.nbytes // 4,) * 4}
+
+
+def test_cache_is_keyed_on_sharding_equality():
+    x = FrozenConst(_data())
+    a = x.on(NamedSharding(jax.make_mesh((4,), ("x",)), P("x")))
+    b = x.on(NamedSharding(jax.make_mesh((4,), ("x",)), P("x")))  # equal, not identical
+    assert a is b
+    c = x.on(NamedSharding(jax.make_mesh((4,), ("x",)), P(None, "x")))
+    assert c is not a
+    assert len(x.placements) == 2
+
+
+def test_replicated_placement_and_partition_spec_under_set_mesh():
+    data = _data(seed=1)
+    x = FrozenConst(data)
+    mesh = jax.make_mesh((2, 2), ("a", "b"))
+    replicated = x.on(NamedSharding(mesh, P()))
+    assert replicated.is_fully_replicated
+    assert len(_buffers_holding(data)) == 4
+    with jax.set_mesh(mesh):
+        arr = x.on(P("a", "b"))
+    assert arr.sharding == NamedSharding(mesh, P("a", "b"))
+    assert {s.data.shape for s in arr.addressable_shards} == {(32, 16)}
+    with pytest.raises(FrozenConstValueError, match="active mesh"):
+        x.on(P("a"))
+
+
+def test_device_and_single_device_sharding_are_one_placement():
+    data = _data(seed=2)
+    x = FrozenConst(data)
+    d2 = jax.devices()[2]
+    a = x.on(d2)
+    assert a is x.on(SingleDeviceSharding(d2))
+    assert a.devices() == {d2} and a.committed
+
+
+def test_default_placement_follows_default_device_one_buffer_each():
+    data = _data(seed=3)
+    x = FrozenConst(data)
+    d0, d3 = jax.devices()[0], jax.devices()[3]
+    a = jnp.asarray(x)
+    with jax.default_device(d3):
+        b = jnp.asarray(x)
+        assert jnp.asarray(x) is b
+    assert a.devices() == {d0} and b.devices() == {d3}
+    assert not a.committed and not b.committed
+    assert x.on(d0).unsafe_buffer_pointer() == a.unsafe_buffer_pointer()  # committing is free
+    assert len(_buffers_holding(data)) == 2
+
+
+def test_evict_one_placement_or_all():
+    data = _data(seed=4)
+    x = FrozenConst(data)
+    mesh = jax.make_mesh((4,), ("x",))
+    sharded = NamedSharding(mesh, P("x"))
+    x.on(sharded)
+    x.on(NamedSharding(mesh, P()))
+    jnp.asarray(x)
+    assert len(x.placements) == 3
+    x.evict(sharded)
+    assert len(x.placements) == 2
+    assert all(p.sharding != sharded for p in x.placements)
+    x.evict()
+    assert x.placements == ()
+    assert len(_buffers_holding(data)) == 0
+
+
+def test_bad_targets():
+    x = FrozenConst(_data(rows=6))
+    mesh = jax.make_mesh((4,), ("x",))
+    with pytest.raises(FrozenConstValueError, match="does not fit"):
+        x.on(NamedSharding(mesh, P("x")))  # 6 rows over 4 devices
+    with pytest.raises(FrozenConstValueError, match="does not fit"):
+        x.on(NamedSharding(mesh, P(None, None, "x")))  # more dimensions than the constant
+    with pytest.raises(FrozenConstTypeError, match="placement target"):
+        x.on("cpu:0")
+    assert x.placements == ()
+
+
+def test_sharded_computation_closed_over_and_as_argument():
+    data = _data(seed=5)
+    x = FrozenConst(data)
+    mesh = jax.make_mesh((4,), ("x",))
+    w = jax.device_put(np.ones((32, 8), np.float32), NamedSharding(mesh, P(None, "x")))
+    expected = data @ np.ones((32, 8), np.float32)
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda w: x @ w)(w)), expected, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda c, w: c @ w)(x, w)), expected, rtol=1e-5)
+    f = frozenconst.jit(lambda w: x @ w)
+    np.testing.assert_allclose(np.asarray(f(w)), expected, rtol=1e-5)
+    # frozenconst.jit fed it replicated over the computation's mesh, not on one device.
+    fed = [p.sharding for p in x.placements if p.committed]
+    assert NamedSharding(mesh, P()) in fed
+    compiled = f.lower(w).compile()
+    assert NamedSharding(mesh, P()).is_equivalent_to(
+        jax.tree_util.tree_leaves(compiled.input_shardings)[0], 2
+    )
+
+
+def test_declared_sharding_is_used_everywhere():
+    data = _data(seed=6)
+    mesh = jax.make_mesh((4,), ("x",))
+    sharding = NamedSharding(mesh, P("x"))
+    x = FrozenConst(data, sharding=sharding)
+    assert jnp.asarray(x).sharding == sharding
+    leaves = jax.tree_util.tree_leaves(x)
+    assert leaves[0].sharding == sharding
+    y = FrozenConst(data).placed(sharding)
+    assert jnp.asarray(y).sharding == sharding
+    f = frozenconst.jit(lambda v: jnp.sum(x * v))
+    v = jnp.ones((64, 32))
+    np.testing.assert_allclose(np.asarray(f(v)), data.sum(), rtol=1e-4)
+    compiled = f.lower(v).compile()
+    assert jax.tree_util.tree_leaves(compiled.input_shardings)[0].is_equivalent_to(sharding, 2)
+    # Only the sharded placement exists: every use got it.
+    assert [p.sharding for p in x.placements] == [sharding]
