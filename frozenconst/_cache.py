@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import types
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -13,6 +14,7 @@ import numpy as np
 from jax.sharding import Sharding, SingleDeviceSharding
 
 from ._compat import default_device_setting, eval_context, x64_enabled
+from ._fingerprint import fingerprint
 
 _K = TypeVar("_K")
 
@@ -62,6 +64,22 @@ def _drop(table: dict[_K, jax.Array], doomed: Callable[[_K, jax.Array], bool]) -
         del table[key]
 
 
+# Whether cache hits are counted (`frozenconst.set_accounting`).
+ACCOUNTING = True
+
+
+class _Retired:
+    """Counts carried over from constants that have been garbage-collected."""
+
+    hits = 0
+    transfers = 0
+
+
+RETIRED = _Retired()
+# Every live store, for `frozenconst.stats()` and the audit's kind lookup.
+LIVE: weakref.WeakSet[Store] = weakref.WeakSet()
+
+
 class Store:
     """A frozen host buffer and the device buffers made from it.
 
@@ -70,11 +88,28 @@ class Store:
     its last handle, and its device buffers with it.
     """
 
-    __slots__ = ("__weakref__", "_by_device", "_by_setting", "_lock", "_placed", "_placed_by_dtype", "host")
+    __slots__ = (
+        "__weakref__",
+        "_by_device",
+        "_by_setting",
+        "_fingerprint",
+        "_lock",
+        "_placed",
+        "_placed_by_dtype",
+        "hits",
+        "host",
+        "transfers",
+    )
 
     def __init__(self, host: np.ndarray[Any, Any]) -> None:
         self.host = host
         self._lock = threading.Lock()
+        self._fingerprint: str | None = None
+        # Accounting (`frozenconst.stats()`): uses served from the cache, and
+        # host-to-device transfers made (one per shard).
+        self.hits = 0
+        self.transfers = 0
+        LIVE.add(self)
         # (jax_default_device setting, x64 flag) -> array: the hit path, one
         # dict lookup. Several settings can resolve to the same device buffer.
         self._by_setting: dict[tuple[Any, bool], jax.Array] = {}
@@ -95,6 +130,8 @@ class Store:
         # or by donation to a jitted function (`donate_argnums`).
         if array is None or array.is_deleted():
             return self._transfer_default(key)
+        if ACCOUNTING:
+            self.hits += 1
         return array
 
     def _transfer_default(self, key: tuple[Any, bool]) -> jax.Array:
@@ -108,6 +145,7 @@ class Store:
                     # `jnp.asarray(np_array)`, so it combines with arrays on any
                     # device. It lands on `device`, the current default.
                     array = jax.device_put(self.host)
+                self.transfers += 1
                 self._by_device[(device, dtype)] = array
             self._by_setting[key] = array
             return array
@@ -120,6 +158,8 @@ class Store:
         array = self._placed.get(key)
         if array is None or array.is_deleted():
             return self._place(key)
+        if ACCOUNTING:
+            self.hits += 1
         return array
 
     def _place(self, key: tuple[Sharding, bool]) -> jax.Array:
@@ -144,6 +184,7 @@ class Store:
                 committed: jax.Array = jax.device_put(existing, sharding)
                 return committed
             single: jax.Array = jax.device_put(self.host, sharding)
+            self.transfers += 1
             return single
         host = self.host
         convert = host.dtype != dtype
@@ -151,6 +192,7 @@ class Store:
         # Each process builds only its addressable shards, each straight from
         # the frozen host buffer: never a full copy on one device first.
         def shard(index: Any) -> np.ndarray[Any, Any]:
+            self.transfers += 1  # called under the lock, once per addressable shard
             part: np.ndarray[Any, Any] = host[index]
             return part.astype(dtype) if convert else part
 
@@ -179,6 +221,17 @@ class Store:
         with self._lock:
             arrays = [*self._by_device.values(), *self._placed_by_dtype.values()]
         return tuple(_placement(a) for a in arrays if not a.is_deleted())
+
+    @property
+    def fingerprint(self) -> str:
+        """The content digest, computed once on first request."""
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(self.host)
+        return self._fingerprint
+
+    def __del__(self) -> None:
+        RETIRED.hits += self.hits
+        RETIRED.transfers += self.transfers
 
     def cached(self) -> list[jax.Array]:
         """The live cached device arrays, one per placement."""

@@ -96,3 +96,13 @@ except (ImportError, AttributeError):  # pragma: no cover - newer JAX layouts
     def current_trace() -> object:
         # Unknown layout: every use counts as nested (see `_hoisting.resolve`).
         return object()
+
+
+# Source locations JAX records (and shows in errors and `frozenconst.audit`)
+# should point at the user's code, not at frozenconst's operator forwarding.
+# JAX hides its own frames the same way.
+import os as _os  # noqa: E402
+
+from jax.extend import source_info_util as _source_info_util  # noqa: E402
+
+_source_info_util.register_exclusion(_os.path.dirname(__file__) + _os.sep)

@@ -28,6 +28,14 @@ class FrozenConstValueError(ValueError):
     """
 
 
-for _cls in (FrozenConstTypeError, TracedValueError, FrozenConstValueError):
+class CapturedNumpyConstantError(AssertionError):
+    """Raised by [`no_numpy_constants`][frozenconst.no_numpy_constants] when a traced
+    function captured a raw NumPy constant above its size threshold.
+
+    An `AssertionError`, so a test that trips the guard fails rather than errors.
+    """
+
+
+for _cls in (FrozenConstTypeError, TracedValueError, FrozenConstValueError, CapturedNumpyConstantError):
     _cls.__module__ = "frozenconst"
 del _cls

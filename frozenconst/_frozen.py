@@ -15,6 +15,7 @@ from ._cache import Placement, Store
 from ._errors import FrozenConstTypeError, FrozenConstValueError
 from ._host import freeze, to_numpy
 from ._placement import Target, as_sharding
+from ._stats import ConstStats, const_stats
 
 # `jax.Array` methods that free or invalidate the cached buffer. Everything else
 # on `jax.Array` is offered on `FrozenConst` too, computed on the cached buffer.
@@ -219,6 +220,34 @@ class FrozenConst:
             self._store.evict(None if target is None else as_sharding(target, self._store.host.shape))
 
     @property
+    def fingerprint(self) -> str:
+        """A digest of dtype, shape and bytes (`sha256:<hex>`), computed once, on first request.
+
+        Example:
+            >>> import numpy as np
+            >>> from frozenconst import FrozenConst
+            >>> FrozenConst(np.arange(3)).fingerprint == FrozenConst([0, 1, 2]).fingerprint
+            True
+        """
+        if self._store is not None:
+            return self._store.fingerprint
+        return self._host_store().fingerprint
+
+    def stats(self) -> ConstStats:
+        """This constant's accounting: host and device bytes, transfers, hits, zero-copy.
+
+        Example:
+            >>> import numpy as np, jax.numpy as jnp
+            >>> from frozenconst import FrozenConst
+            >>> x = FrozenConst(np.ones(16, np.float32))
+            >>> _ = x.__jax_array__(); _ = x.__jax_array__()   # a transfer, then a hit
+            >>> s = x.stats()
+            >>> s.transfers, s.hits, s.host_bytes
+            (1, 1, 64)
+        """
+        return const_stats(self._concrete_store("stats"))
+
+    @property
     def is_concrete(self) -> bool:
         """Whether this is a constant with host data (False for a traced or transformed value)."""
         return self._store is not None
@@ -229,11 +258,14 @@ class FrozenConst:
         store = self._store
         if store is not None:
             return store.host
+        return self._host_store().host
+
+    def _host_store(self) -> Store:
         if self._leaf_host is None:
             # A concrete result of a transformation: freeze a copy of it, so no
             # path hands out memory that JAX or anyone else could still write.
             self._leaf_host = Store(freeze(to_numpy(self._leaf, None)))
-        return self._leaf_host.host
+        return self._leaf_host
 
     def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
         host = self._host()

@@ -1,0 +1,281 @@
+"""`frozenconst.audit`: which constants a function captures, what they cost, and what to change."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+import jax
+import numpy as np
+from jax.extend import core as jex_core
+from jax.extend import source_info_util
+
+from ._cache import LIVE
+from ._fingerprint import fingerprint
+
+Kind = Literal["numpy", "jax", "frozenconst"]
+
+# Constants below this size are not worth a line of advice (JAX itself embeds
+# anything up to `jax_embedded_constants_max_bytes`, 32 bytes, as a literal).
+_ADVICE_MIN_BYTES = 1024
+# Above this, embedding a constant into the program hurts compile time and memory.
+_EMBED_WARN_BYTES = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class CapturedConstant:
+    """One constant captured by a traced function.
+
+    Attributes:
+        kind: `"numpy"` (a raw NumPy array), `"jax"` (a `jax.Array`), or
+            `"frozenconst"` (a FrozenConst's cached buffer).
+        shape: the shape.
+        dtype: the dtype's name.
+        nbytes: bytes of data.
+        uses: how many times the traced program references it.
+        first_use: where it is first used (`file:line:column (function)`), if JAX recorded it.
+        fingerprint: a digest of dtype, shape and bytes.
+    """
+
+    kind: Kind
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    uses: int
+    first_use: str | None
+    fingerprint: str
+
+    @property
+    def device_copies(self) -> int:
+        """Device copies JAX makes of it: one per use for NumPy data under the simplified
+        pipeline (the documented future default); none for a buffer that already exists."""
+        return self.uses if self.kind == "numpy" else 0
+
+    def problems(self, pipeline: str) -> list[str]:
+        """What is wrong with this constant, each with its fix."""
+        found: list[str] = []
+        if self.nbytes < _ADVICE_MIN_BYTES:
+            return found
+        if self.kind == "numpy":
+            found.append(
+                f"raw NumPy constant: {self.uses} use(s) become {self.uses} device copies under "
+                "JAX's simplified constant pipeline, and it is transferred again per executable; "
+                "fix: wrap it once in `frozenconst.FrozenConst`"
+            )
+        if pipeline == "default" and self.nbytes >= _EMBED_WARN_BYTES:
+            found.append(
+                "embedded in the compiled program by jax.jit (default pipeline); fix: "
+                + (
+                    "compile with `frozenconst.jit`"
+                    if self.kind == "frozenconst"
+                    else "make it a FrozenConst and compile with `frozenconst.jit`"
+                )
+            )
+        return found
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict."""
+        out = dataclasses.asdict(self)
+        out["shape"] = list(self.shape)
+        out["device_copies"] = self.device_copies
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditReport:
+    """What [`audit`][frozenconst.audit] found.
+
+    Attributes:
+        constants: every captured constant, largest first.
+        pipeline: JAX's constant pipeline while tracing, `"default"` or `"simplified"`.
+        total_bytes: bytes of all captured constants, each counted once.
+        duplicate_bytes: bytes spent on the same data held more than once, by
+            content: extra device copies of one NumPy constant (one per use),
+            and distinct constants with equal contents.
+    """
+
+    constants: tuple[CapturedConstant, ...]
+    pipeline: str
+    total_bytes: int
+    duplicate_bytes: int
+
+    @property
+    def numpy_constants(self) -> tuple[CapturedConstant, ...]:
+        """The raw NumPy constants."""
+        return tuple(c for c in self.constants if c.kind == "numpy")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict with the same structure."""
+        return {
+            "pipeline": self.pipeline,
+            "total_bytes": self.total_bytes,
+            "duplicate_bytes": self.duplicate_bytes,
+            "constants": [c.to_dict() for c in self.constants],
+        }
+
+    def lines(self) -> list[str]:
+        """One line per problem: `kind shape dtype (size) at place: problem; fix`."""
+        out = []
+        for c in self.constants:
+            for problem in c.problems(self.pipeline):
+                out.append(
+                    f"{c.kind} {c.dtype}{list(c.shape)} ({_size(c.nbytes)}) at {c.first_use}: {problem}"
+                )
+        for group in _duplicate_groups(self.constants):
+            if len(group) > 1:
+                c = group[0]
+                out.append(
+                    f"same data held by {len(group)} constants ({c.dtype}{list(c.shape)}, "
+                    f"{_size(c.nbytes)} each); fix: `frozenconst.intern` them into one"
+                )
+        return out
+
+    def __str__(self) -> str:
+        header = f"{'kind':<12} {'shape':<18} {'dtype':<9} {'size':>10} {'uses':>5} {'copies*':>7}  first use"
+        rows = [header, "-" * len(header)]
+        for c in self.constants:
+            rows.append(
+                f"{c.kind:<12} {list(c.shape)!s:<18} {c.dtype:<9} {_size(c.nbytes):>10} {c.uses:>5} "
+                f"{c.device_copies:>7}  {c.first_use or '?'}"
+            )
+        if not self.constants:
+            rows.append("(no captured constants)")
+        rows.append(
+            f"{len(self.constants)} constant(s), {_size(self.total_bytes)} in total, "
+            f"{_size(self.duplicate_bytes)} duplicated; JAX constant pipeline: {self.pipeline}"
+        )
+        rows.append(
+            "* copies: device copies JAX makes under its simplified constant pipeline (future default)"
+        )
+        problems = self.lines()
+        rows += ["", "Problems:" if problems else "No problems found."] + [f"- {p}" for p in problems]
+        return "\n".join(rows)
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def _duplicate_groups(constants: tuple[CapturedConstant, ...]) -> list[list[CapturedConstant]]:
+    groups: dict[str, list[CapturedConstant]] = {}
+    for c in constants:
+        groups.setdefault(c.fingerprint, []).append(c)
+    return list(groups.values())
+
+
+def _pipeline() -> str:
+    simplified = getattr(jax.config, "jax_use_simplified_jaxpr_constants", None)
+    if simplified is None:  # pragma: no cover - a JAX without the flag
+        simplified = os.environ.get("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS", "") not in ("", "0", "false")
+    return "simplified" if simplified else "default"
+
+
+def _walk(closed: Any) -> Iterator[tuple[Any, Any]]:
+    """(constant value, equation) for every reference to a constant, at every level."""
+    jaxpr = closed.jaxpr if hasattr(closed, "jaxpr") else closed
+    consts = dict(zip(jaxpr.constvars, getattr(closed, "consts", ()), strict=False))
+    for eqn in jaxpr.eqns:
+        for var in eqn.invars:
+            if isinstance(var, jex_core.Literal):
+                if np.ndim(var.val) > 0:
+                    yield var.val, eqn
+            elif var in consts:
+                yield consts[var], eqn
+        for param in eqn.params.values():
+            for sub in _sub_jaxprs(param):
+                yield from _walk(sub)
+
+
+def _sub_jaxprs(param: Any) -> Iterator[Any]:
+    # Closed jaxprs keep their own constants (an inner jax.jit's, on jax 0.10),
+    # which `jaxprs_in_params` would drop by yielding the open jaxpr only.
+    if isinstance(param, jex_core.ClosedJaxpr | jex_core.Jaxpr):
+        yield param
+    elif isinstance(param, tuple | list):
+        for item in param:
+            yield from _sub_jaxprs(item)
+
+
+def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
+    """Trace `fun` (without running or compiling it) and report every constant it captures.
+
+    Arguments:
+        fun: any function JAX can trace: a plain function, a `jax.jit` or a
+            `frozenconst.jit` function.
+        *args: its arguments: arrays, or `jax.ShapeDtypeStruct`s.
+        **kwargs: its keyword arguments.
+
+    Returns:
+        An [`AuditReport`][frozenconst.AuditReport]: `str(report)` is a table that
+        names each problem and its fix; `report.to_dict()` serialises it.
+
+    Example:
+        >>> import numpy as np, jax, jax.numpy as jnp, frozenconst
+        >>> table = np.ones((256, 256), np.float32)
+        >>> report = frozenconst.audit(lambda w: sum(table @ w for _ in range(4)), jnp.ones(256))
+        >>> [(c.kind, c.uses) for c in report.constants]
+        [('numpy', 4)]
+        >>> report.duplicate_bytes == 3 * table.nbytes
+        True
+    """
+    from ._jit import JitWrapped
+
+    if isinstance(fun, JitWrapped):
+        closed = fun.trace(*args, **kwargs).jaxpr
+    else:
+        closed = jax.make_jaxpr(fun)(*args, **kwargs)
+    frozen_ids = {id(a) for store in list(LIVE) for a in store.cached()}
+
+    found: dict[int, dict[str, Any]] = {}
+    order: list[int] = []
+    for value, eqn in _walk(closed):
+        key = id(value)
+        entry = found.get(key)
+        if entry is None:
+            if isinstance(value, jax.Array):
+                kind: Kind = "frozenconst" if key in frozen_ids else "jax"
+                host = np.asarray(value)
+            else:
+                kind = "numpy"
+                host = np.asarray(value)
+            entry = found[key] = {
+                "kind": kind,
+                "host": host,
+                "uses": 0,
+                "first_use": _where(eqn),
+            }
+            order.append(key)
+        entry["uses"] += 1
+
+    constants = [
+        CapturedConstant(
+            kind=e["kind"],
+            shape=tuple(e["host"].shape),
+            dtype=e["host"].dtype.name,
+            nbytes=int(e["host"].nbytes),
+            uses=e["uses"],
+            first_use=e["first_use"],
+            fingerprint=fingerprint(e["host"]),
+        )
+        for e in (found[k] for k in order)
+    ]
+    constants.sort(key=lambda c: -c.nbytes)
+    total = sum(c.nbytes for c in constants)
+    duplicate = 0
+    for group in _duplicate_groups(tuple(constants)):
+        copies = sum(max(c.device_copies, 1) for c in group)
+        duplicate += (copies - 1) * group[0].nbytes
+    return AuditReport(tuple(constants), _pipeline(), total, duplicate)
+
+
+def _where(eqn: Any) -> str | None:
+    try:
+        text = source_info_util.summarize(eqn.source_info)
+    except Exception:  # pragma: no cover - JAX recorded nothing usable
+        return None
+    return text or None

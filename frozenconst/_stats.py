@@ -1,0 +1,145 @@
+"""Accounting: what every constant holds and costs, in total and per constant."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import jax
+
+from . import _cache
+from ._cache import LIVE, RETIRED, Store
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstStats:
+    """Accounting for one constant (`x.stats()`).
+
+    Attributes:
+        host_bytes: bytes of the frozen host buffer.
+        device_bytes: bytes of cached device buffers, per device.
+        transfers: host-to-device transfers made so far (one per shard).
+        hits: requests for a device buffer served from the cache. JAX may ask
+            more than once per operation (`jnp.asarray` asks twice on jax 0.10).
+        placements: how many placements are cached.
+        zero_copy: whether the default-device buffer aliases the frozen host
+            buffer (on JAX's CPU backend), `False` if it is a copy, `None` if
+            there is no default-device buffer yet.
+    """
+
+    host_bytes: int
+    device_bytes: Mapping[jax.Device, int]
+    transfers: int
+    hits: int
+    placements: int
+    zero_copy: bool | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict (devices as strings)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["device_bytes"] = {str(d): n for d, n in self.device_bytes.items()}
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """Accounting for every live constant in this process (`frozenconst.stats()`).
+
+    Attributes:
+        live_constants: constants alive now (constants sharing one buffer count once).
+        host_bytes: bytes of their frozen host buffers.
+        device_bytes: bytes of their cached device buffers, per device.
+        aliased_bytes: of those, bytes that alias the host buffers (CPU zero-copy).
+        transfers: host-to-device transfers made, by these and by constants
+            already garbage-collected.
+        hits: uses served from a cache, likewise.
+    """
+
+    live_constants: int
+    host_bytes: int
+    device_bytes: Mapping[jax.Device, int]
+    aliased_bytes: int
+    transfers: int
+    hits: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict (devices as strings)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["device_bytes"] = {str(d): n for d, n in self.device_bytes.items()}
+        return out
+
+
+def _device_bytes(arrays: Iterable[jax.Array]) -> tuple[dict[jax.Device, int], set[tuple[jax.Device, int]]]:
+    per_device: dict[jax.Device, int] = {}
+    seen: set[tuple[jax.Device, int]] = set()
+    for array in arrays:
+        for shard in array.addressable_shards:
+            buffer = (shard.device, shard.data.unsafe_buffer_pointer())
+            if buffer in seen:  # a committed view of the default buffer: the same memory
+                continue
+            seen.add(buffer)
+            per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
+    return per_device, seen
+
+
+def const_stats(store: Store) -> ConstStats:
+    arrays = store.cached()
+    per_device = _device_bytes(arrays)[0]
+    host_address = store.host.ctypes.data
+    defaults = [a for a in arrays if not a.committed]
+    zero_copy = None if not defaults else any(a.unsafe_buffer_pointer() == host_address for a in defaults)
+    return ConstStats(
+        host_bytes=store.host.nbytes,
+        device_bytes=types.MappingProxyType(per_device),
+        transfers=store.transfers,
+        hits=store.hits,
+        placements=len(arrays),
+        zero_copy=zero_copy,
+    )
+
+
+def stats() -> Stats:
+    """Accounting for every live constant: bytes on host and devices, transfers and cache hits.
+
+    Counting hits costs one integer increment per use; switch it off with
+    [`set_accounting`][frozenconst.set_accounting].
+
+    Example:
+        >>> import numpy as np, jax.numpy as jnp, frozenconst
+        >>> before = frozenconst.stats()
+        >>> x = frozenconst.FrozenConst(np.zeros(1024, np.float32))
+        >>> _ = [jnp.asarray(x) for _ in range(3)]
+        >>> after = frozenconst.stats()
+        >>> after.transfers - before.transfers, after.live_constants - before.live_constants
+        (1, 1)
+    """
+    stores = list(LIVE)
+    per_device: dict[jax.Device, int] = {}
+    aliased = 0
+    for store in stores:
+        arrays = store.cached()
+        one = _device_bytes(arrays)[0]
+        for device, n in one.items():
+            per_device[device] = per_device.get(device, 0) + n
+        host_address = store.host.ctypes.data
+        aliased += sum(
+            a.nbytes for a in arrays if not a.committed and a.unsafe_buffer_pointer() == host_address
+        )
+    return Stats(
+        live_constants=len(stores),
+        host_bytes=sum(s.host.nbytes for s in stores),
+        device_bytes=types.MappingProxyType(per_device),
+        aliased_bytes=aliased,
+        transfers=RETIRED.transfers + sum(s.transfers for s in stores),
+        hits=RETIRED.hits + sum(s.hits for s in stores),
+    )
+
+
+def set_accounting(enabled: bool) -> None:
+    """Count cache hits (the default), or not. Transfers and bytes are always accounted.
+
+    The benchmark suite measures the cost of counting against not counting.
+    """
+    _cache.ACCOUNTING = bool(enabled)

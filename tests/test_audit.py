@@ -1,0 +1,176 @@
+"""frozenconst.audit, the guard, its pytest fixture, and the command line."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import SIMPLIFIED, unique_data
+
+import frozenconst
+from frozenconst import FrozenConst
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _seed(table, layers=40):
+    def forward(w):
+        return sum(jnp.sum(table @ w * i) for i in range(layers))
+
+    return forward
+
+
+def test_seed_scenario_with_numpy_is_flagged_with_its_duplicated_bytes():
+    table = unique_data((512, 256))
+    report = frozenconst.audit(_seed(table), jnp.ones((256, 4)))
+    assert report.pipeline == ("simplified" if SIMPLIFIED else "default")
+    (c,) = report.constants
+    assert (c.kind, c.shape, c.dtype, c.nbytes, c.uses) == ("numpy", (512, 256), "float32", table.nbytes, 40)
+    assert c.first_use is not None and "test_audit.py" in c.first_use
+    assert c.fingerprint == FrozenConst(table).fingerprint
+    assert report.total_bytes == table.nbytes
+    assert report.duplicate_bytes == 39 * table.nbytes
+    text = str(report)
+    assert "numpy" in text and "FrozenConst" in text and "duplicated" in text
+    assert any("raw NumPy constant" in line for line in report.lines())
+
+
+def test_same_code_with_a_frozenconst_reports_no_numpy_and_no_duplicates():
+    table = FrozenConst(unique_data((1024, 256)))  # 1 MiB
+    report = frozenconst.audit(_seed(table), jnp.ones((256, 4)))
+    assert report.numpy_constants == ()
+    assert report.duplicate_bytes == 0
+    (c,) = report.constants
+    assert c.kind == "frozenconst" and c.uses == 40
+    if not SIMPLIFIED:
+        assert any("frozenconst.jit" in line for line in report.lines())  # 1 MiB embedded
+
+
+def test_frozenconst_jit_captures_nothing():
+    table = FrozenConst(unique_data((512, 256)))
+    report = frozenconst.audit(frozenconst.jit(_seed(table)), jnp.ones((256, 4)))
+    assert report.constants == () and report.total_bytes == 0
+    assert "No problems" in str(report)
+
+
+def test_kinds_duplicates_by_content_nesting_and_shape_structs():
+    data = unique_data((64, 64))
+    jax_const = jnp.asarray(unique_data((64, 64)))
+    copy_a, copy_b = data.copy(), data.copy()  # same content, two objects
+    inner = jax.jit(lambda w: copy_b @ w)
+
+    def f(w):
+        y = jax.lax.scan(lambda c, _: (c + jax_const @ c, None), w, None, length=2)[0]
+        return copy_a @ w + inner(w) + y
+
+    report = frozenconst.audit(f, jax.ShapeDtypeStruct((64,), jnp.float32))
+    kinds = sorted(c.kind for c in report.constants)
+    assert kinds == ["jax", "numpy", "numpy"]
+    assert report.duplicate_bytes == data.nbytes  # the two equal NumPy arrays
+    assert any("intern" in line for line in report.lines())
+    as_dict = report.to_dict()
+    assert json.loads(json.dumps(as_dict)) == as_dict
+    assert set(as_dict) == {"pipeline", "total_bytes", "duplicate_bytes", "constants"}
+    assert set(as_dict["constants"][0]) >= {
+        "kind",
+        "shape",
+        "dtype",
+        "nbytes",
+        "uses",
+        "first_use",
+        "fingerprint",
+    }
+
+
+def test_audit_does_not_run_or_compile():
+    calls = []
+    table = unique_data((8, 8))
+
+    def f(w):
+        jax.debug.callback(lambda: calls.append(1))
+        return table @ w
+
+    frozenconst.audit(f, jnp.ones(8))
+    assert calls == []
+
+
+def test_guard_fails_on_numpy_constants_and_names_them():
+    table = unique_data((64, 64))
+    expected = pytest.raises(frozenconst.CapturedNumpyConstantError, match=r"numpy float32\[64,64\]")
+    with expected as info, frozenconst.no_numpy_constants(max_bytes=1024):
+        jax.jit(lambda w: table @ w)(jnp.ones(64))
+    assert isinstance(info.value, AssertionError)
+    assert "test_audit.py" in str(info.value) and "FrozenConst" in str(info.value)
+
+
+def test_guard_allows_frozenconsts_jax_arrays_and_small_numpy():
+    big = FrozenConst(unique_data((64, 64)))
+    arr = jnp.asarray(unique_data((64, 64)))
+    small = np.ones(8, np.float32)
+    with frozenconst.no_numpy_constants(max_bytes=1024):
+        jax.jit(lambda w: big @ w + arr @ w + small.sum())(jnp.ones(64)).block_until_ready()
+
+
+def test_guard_passes_other_warnings_through():
+    import warnings
+
+    with pytest.warns(UserWarning, match="unrelated"), frozenconst.no_numpy_constants():
+        warnings.warn("unrelated", UserWarning, stacklevel=1)
+
+
+def test_pytest_fixture_through_the_plugin_entry_point(tmp_path):
+    (tmp_path / "test_user.py").write_text(
+        textwrap.dedent(
+            """
+            import jax, jax.numpy as jnp, numpy as np
+            import frozenconst
+
+            TABLE = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+
+            def test_raw(no_numpy_constants):
+                jax.jit(lambda w: TABLE @ w)(jnp.ones(64))
+
+            def test_frozen(no_numpy_constants):
+                t = frozenconst.FrozenConst(TABLE)
+                jax.jit(lambda w: t @ w)(jnp.ones(64))
+            """
+        )
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_user.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert "1 failed, 1 passed" in out.stdout, out.stdout[-3000:]
+    assert "CapturedNumpyConstantError" in out.stdout and "float32[64,64]" in out.stdout
+
+
+def test_command_line_audit():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "frozenconst", "audit", *a],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        cwd=ROOT,
+    )
+    before = run("examples/seed_model.py:forward", "--shapes", "float32[40,256,8]")
+    assert before.returncode == 0, before.stderr
+    assert "numpy" in before.stdout and "39.0 MiB duplicated" in before.stdout
+    after = run("examples/seed_model.py:forward_fixed", "--shapes", "f32[40,256,8]", "--json")
+    assert json.loads(after.stdout)["constants"] == []
+    failing = run("examples/seed_model.py:forward", "--shapes", "float32[40,256,8]", "--fail-on-problems")
+    assert failing.returncode == 1
+    bad = run("examples/seed_model.py:forward", "--shapes", "float32[40,256")
+    assert bad.returncode == 2 and "DTYPE[DIMS]" in bad.stderr
