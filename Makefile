@@ -19,13 +19,13 @@ $(VENV311)/.installed: pyproject.toml
 	@test -n "$(PYTHON311)" || { echo "error: no Python 3.11 found; set PYTHON311=/path/to/python3.11" >&2; exit 1; }
 	@test -x $(VENV311)/bin/python || $(PYTHON311) -m venv $(VENV311)
 	$(VENV311)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
-	$(VENV311)/bin/python -m pip install $(PIP_FLAGS) -e '.[test,lint,docs,bench]'
+	$(VENV311)/bin/python -m pip install $(PIP_FLAGS) -e '.[test,integration,lint,docs,bench]'
 	@touch $@
 
 $(VENV312)/.installed: pyproject.toml
 	@test -x $(VENV312)/bin/python || $(PYTHON312) -m venv $(VENV312)
 	$(VENV312)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
-	$(VENV312)/bin/python -m pip install $(PIP_FLAGS) -e '.[test]'
+	$(VENV312)/bin/python -m pip install $(PIP_FLAGS) -e '.[test,integration]'
 	@touch $@
 
 demo: $(VENV311)/.installed
@@ -35,8 +35,13 @@ lint: $(VENV311)/.installed
 	$(VENV311)/bin/ruff check frozenconst tests benchmarks examples
 	$(VENV311)/bin/ruff format --check frozenconst tests benchmarks examples
 
+# The package: mypy --strict and pyright strict (pyproject.toml). The library
+# author's sample in tests/typing: mypy --strict and pyright standard, no ignores.
 typecheck: $(VENV311)/.installed
 	$(VENV311)/bin/mypy frozenconst
+	$(VENV311)/bin/mypy --strict tests/typing/library_sample.py
+	$(VENV311)/bin/pyright --pythonpath $(VENV311)/bin/python
+	$(VENV311)/bin/pyright --pythonpath $(VENV311)/bin/python -p tests/typing/pyrightconfig.json tests/typing/library_sample.py
 
 docs: $(VENV311)/.installed
 	$(VENV311)/bin/mkdocs build --strict --quiet --site-dir .site

@@ -1,11 +1,12 @@
 """frozenconst: immutable constant arrays for JAX, transferred once, never embedded."""
 
-from importlib.metadata import PackageNotFoundError, version
+import importlib.metadata as _metadata
 
 from ._audit import AuditReport as AuditReport
 from ._audit import CapturedConstant as CapturedConstant
 from ._audit import audit as audit
 from ._cache import Placement as Placement
+from ._cache import set_accounting as set_accounting
 from ._errors import CapturedNumpyConstantError as CapturedNumpyConstantError
 from ._errors import FrozenConstTypeError as FrozenConstTypeError
 from ._errors import FrozenConstValueError as FrozenConstValueError
@@ -16,10 +17,13 @@ from ._intern import intern as intern
 from ._jit import jit as jit
 from ._stats import ConstStats as ConstStats
 from ._stats import Stats as Stats
-from ._stats import set_accounting as set_accounting
 from ._stats import stats as stats
+from ._training import combine as combine
+from ._training import is_frozen as is_frozen
+from ._training import is_trainable as is_trainable
+from ._training import partition as partition
 
 try:
-    __version__ = version("frozenconst")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = _metadata.version("frozenconst")
+except _metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"

@@ -117,7 +117,7 @@ class AuditReport:
 
     def lines(self) -> list[str]:
         """One line per problem: `kind shape dtype (size) at place: problem; fix`."""
-        out = []
+        out: list[str] = []
         for c in self.constants:
             for problem in c.problems(self.pipeline):
                 out.append(

@@ -13,21 +13,23 @@ import jax
 import numpy as np
 from jax.sharding import Sharding, SingleDeviceSharding
 
-from ._compat import default_device_setting, eval_context, x64_enabled
+from ._compat import Device, default_device_setting, eval_context, x64_enabled
 from ._fingerprint import fingerprint
 
 _K = TypeVar("_K")
 
 
-def _default_device(setting: Any) -> jax.Device:
+def _default_device(setting: Any) -> Device:
     # Mirrors how `jax.device_put(x)` picks a device when given none: the
     # `jax_default_device` setting (a device or a platform name), else the
     # first local device of the default backend.
+    device: Device
     if setting is None:
-        return jax.local_devices()[0]
-    if isinstance(setting, str):
-        return jax.local_devices(backend=setting)[0]
-    device: jax.Device = setting
+        device = jax.local_devices()[0]
+    elif isinstance(setting, str):
+        device = jax.local_devices(backend=setting)[0]
+    else:
+        device = setting
     return device
 
 
@@ -47,11 +49,11 @@ class Placement:
     sharding: Sharding
     dtype: np.dtype[Any]
     committed: bool
-    device_bytes: Mapping[jax.Device, int]
+    device_bytes: Mapping[Device, int]
 
 
 def _placement(array: jax.Array) -> Placement:
-    per_device: dict[jax.Device, int] = {}
+    per_device: dict[Device, int] = {}
     for shard in array.addressable_shards:
         per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
     return Placement(
@@ -65,7 +67,16 @@ def _drop(table: dict[_K, jax.Array], doomed: Callable[[_K, jax.Array], bool]) -
 
 
 # Whether cache hits are counted (`frozenconst.set_accounting`).
-ACCOUNTING = True
+accounting_enabled = True
+
+
+def set_accounting(enabled: bool) -> None:
+    """Count cache hits (the default), or not. Transfers and bytes are always accounted.
+
+    The benchmark suite measures the cost of counting against not counting.
+    """
+    global accounting_enabled
+    accounting_enabled = bool(enabled)
 
 
 class _Retired:
@@ -78,6 +89,19 @@ class _Retired:
 RETIRED = _Retired()
 # Every live store, for `frozenconst.stats()` and the audit's kind lookup.
 LIVE: weakref.WeakSet[Store] = weakref.WeakSet()
+# id(cached array) -> its store, held weakly: lets a pytree rebuilt from the
+# constant's own buffer (a jit output passed through, `eqx.combine`, a flax
+# NNX state round trip) be the constant again. Ids can be reused after an
+# array dies, so `owner_of` confirms by identity.
+OWNERS: weakref.WeakValueDictionary[int, Store] = weakref.WeakValueDictionary()
+
+
+def owner_of(leaf: object) -> tuple[Store, Sharding | None] | None:
+    """The store and placement whose cached array `leaf` is (the very object), if any."""
+    store = OWNERS.get(id(leaf))
+    if store is None:
+        return None
+    return store.placement_of(leaf)
 
 
 class Store:
@@ -114,7 +138,7 @@ class Store:
         # dict lookup. Several settings can resolve to the same device buffer.
         self._by_setting: dict[tuple[Any, bool], jax.Array] = {}
         # (device, device dtype) -> array: the default buffers themselves.
-        self._by_device: dict[tuple[jax.Device, np.dtype[Any]], jax.Array] = {}
+        self._by_device: dict[tuple[Device, np.dtype[Any]], jax.Array] = {}
         # (sharding, x64 flag) -> array, and (sharding, device dtype) -> array:
         # the committed placements made by `on`.
         self._placed: dict[tuple[Sharding, bool], jax.Array] = {}
@@ -130,7 +154,7 @@ class Store:
         # or by donation to a jitted function (`donate_argnums`).
         if array is None or array.is_deleted():
             return self._transfer_default(key)
-        if ACCOUNTING:
+        if accounting_enabled:
             self.hits += 1
         return array
 
@@ -147,6 +171,7 @@ class Store:
                     array = jax.device_put(self.host)
                 self.transfers += 1
                 self._by_device[(device, dtype)] = array
+                OWNERS[id(array)] = self
             self._by_setting[key] = array
             return array
 
@@ -158,7 +183,7 @@ class Store:
         array = self._placed.get(key)
         if array is None or array.is_deleted():
             return self._place(key)
-        if ACCOUNTING:
+        if accounting_enabled:
             self.hits += 1
         return array
 
@@ -171,6 +196,7 @@ class Store:
                 with eval_context():
                     array = self._build(sharding, dtype)
                 self._placed_by_dtype[(sharding, dtype)] = array
+                OWNERS[id(array)] = self
             self._placed[key] = array
             return array
 
@@ -221,6 +247,16 @@ class Store:
         with self._lock:
             arrays = [*self._by_device.values(), *self._placed_by_dtype.values()]
         return tuple(_placement(a) for a in arrays if not a.is_deleted())
+
+    def placement_of(self, leaf: object) -> tuple[Store, Sharding | None] | None:
+        """(self, placement) if `leaf` is one of this store's cached arrays, else None."""
+        with self._lock:
+            if any(a is leaf for a in self._by_device.values()):
+                return self, None
+            for (sharding, _), array in self._placed_by_dtype.items():
+                if array is leaf:
+                    return self, sharding
+        return None
 
     @property
     def fingerprint(self) -> str:

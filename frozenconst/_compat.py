@@ -1,4 +1,4 @@
-"""The few places where frozenconst reads JAX internals, each with a public fallback.
+"""The few places where frozenconst reads JAX internals, each with a reason and a fallback.
 
 Everything version-dependent lives here so that the rest of the package reads
 like plain JAX.
@@ -8,36 +8,59 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
+import jax.core
+from jax._src import config as _jax_config
+from jax.extend import source_info_util
+
+if TYPE_CHECKING:
+    # jaxlib ships no type information for its devices (`jax.Device` is a
+    # variable bound to a compiled class), so type checkers cannot use it as a
+    # type. Annotations here say `Device` and mean `jax.Device`; statically it is
+    # the part of a device's interface frozenconst relies on, which every real
+    # device (typed Any by the checkers) satisfies and an int or a string does not.
+    class Device(Protocol):
+        @property
+        def id(self) -> int: ...
+        @property
+        def platform(self) -> str: ...
+        @property
+        def process_index(self) -> int: ...
+
+else:
+    Device = jax.Device
+
+
+def _state(name: str) -> Any:
+    return getattr(_jax_config, name, None)
+
 
 # Reading `jax.config.jax_enable_x64` goes through `Config.__getattr__` and costs
 # about 2.5x the direct `State.value` read (measured on jax 0.10.2 and 0.12.0.1).
 # The device-cache hit path reads both settings on every use, so read the state
 # objects directly where they exist.
-try:
-    from jax._src import config as _jax_config
+_x64_state = _state("enable_x64")
+_default_device_state = _state("default_device")
 
-    _x64_state: Any = _jax_config.enable_x64
-    _default_device_state: Any = _jax_config.default_device
 
-    def x64_enabled() -> bool:
-        """Whether `jax_enable_x64` is on in this thread right now."""
-        return bool(_x64_state.value)
+def x64_enabled() -> bool:
+    """Whether `jax_enable_x64` is on in this thread right now."""
+    if _x64_state is None:  # pragma: no cover - newer JAX layouts
+        config: Any = jax.config
+        return bool(config.jax_enable_x64)
+    return bool(_x64_state.value)
 
-    def default_device_setting() -> Any:
-        """The value of `jax_default_device` in this thread right now."""
-        return _default_device_state.value
 
-except (ImportError, AttributeError):  # pragma: no cover - newer JAX layouts
-
-    def x64_enabled() -> bool:
-        return bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined,unused-ignore]
-
-    def default_device_setting() -> Any:
-        return jax.config.jax_default_device  # type: ignore[attr-defined,unused-ignore]
+def default_device_setting() -> Any:
+    """The value of `jax_default_device` in this thread right now."""
+    if _default_device_state is None:  # pragma: no cover - newer JAX layouts
+        config: Any = jax.config
+        return config.jax_default_device
+    return _default_device_state.value
 
 
 # `jax.core.eval_context()` makes primitives evaluate eagerly even while a trace
@@ -45,9 +68,7 @@ except (ImportError, AttributeError):  # pragma: no cover - newer JAX layouts
 # a trace otherwise returns a tracer, and caching that would leak it.
 # `jax.ensure_compile_time_eval()` is not enough: under `eval_shape` on
 # jax 0.12 it still returns a tracer (checked on 0.10.2 and 0.12.0.1).
-eval_context: Callable[[], Any] = jax.core.eval_context  # type: ignore[attr-defined,unused-ignore]
-
-Tracer: type = jax.core.Tracer
+eval_context: Callable[[], contextlib.AbstractContextManager[Any]] = jax.core.eval_context
 
 
 # Trace isolation for `frozenconst.jit`. While it traces, a FrozenConst
@@ -60,40 +81,49 @@ Tracer: type = jax.core.Tracer
 # set to a fresh value for each `frozenconst.jit` trace, keeps every inner
 # trace made there private to it (checked on jax 0.10.2 and 0.12.0.1).
 _epochs = itertools.count(1)
-try:
-    _epoch: Any = _jax_config.config_states.get("frozenconst_trace_epoch") or _jax_config.int_state(
-        name="frozenconst_trace_epoch",
-        default=0,
-        help="Internal to frozenconst: isolates the traces made by frozenconst.jit.",
-        include_in_trace_context=True,
-    )
-    TRACE_ISOLATION = True
 
-    def isolated_trace() -> contextlib.AbstractContextManager[Any]:
-        """A context in which JAX's tracing caches see a trace context used nowhere else."""
-        cm: contextlib.AbstractContextManager[Any] = _epoch(next(_epochs))
-        return cm
 
-except Exception:  # pragma: no cover - newer JAX layouts
-    TRACE_ISOLATION = False
+def _make_epoch_state() -> Any:
+    states: dict[str, Any] = _state("config_states") or {}
+    existing = states.get("frozenconst_trace_epoch")
+    if existing is not None:
+        return existing
+    int_state = _state("int_state")
+    if int_state is None:  # pragma: no cover - newer JAX layouts
+        return None
+    try:
+        return int_state(
+            name="frozenconst_trace_epoch",
+            default=0,
+            help="Internal to frozenconst: isolates the traces made by frozenconst.jit.",
+            include_in_trace_context=True,
+        )
+    except TypeError:  # pragma: no cover - a JAX without trace-context states
+        return None
 
-    def isolated_trace() -> contextlib.AbstractContextManager[Any]:
+
+_epoch = _make_epoch_state()
+trace_isolation = _epoch is not None
+
+
+def isolated_trace() -> contextlib.AbstractContextManager[Any]:
+    """A context in which JAX's tracing caches see a trace context used nowhere else."""
+    if _epoch is None:  # pragma: no cover - newer JAX layouts
         return contextlib.nullcontext()
+    cm: contextlib.AbstractContextManager[Any] = _epoch(next(_epochs))
+    return cm
 
 
-# The trace currently active in this thread. `frozenconst.jit` compares it with
-# the trace it started to tell whether a constant is reached at the top level of
-# the function or inside a nested trace (an inner `jit`, `scan` body, `grad`).
-try:
-    from jax._src.core import trace_ctx as _trace_ctx
+# The trace currently active in this thread. Without trace isolation,
+# `frozenconst.jit` compares it with the trace it started, to keep uses inside
+# nested traces concrete.
+def current_trace() -> object:
+    """An identity for the innermost active trace."""
+    try:
+        from jax._src.core import trace_ctx
 
-    def current_trace() -> object:
-        """An identity for the innermost active trace."""
-        return _trace_ctx.trace
-
-except (ImportError, AttributeError):  # pragma: no cover - newer JAX layouts
-
-    def current_trace() -> object:
+        return trace_ctx.trace
+    except (ImportError, AttributeError):  # pragma: no cover - newer JAX layouts
         # Unknown layout: every use counts as nested (see `_hoisting.resolve`).
         return object()
 
@@ -101,8 +131,6 @@ except (ImportError, AttributeError):  # pragma: no cover - newer JAX layouts
 # Source locations JAX records (and shows in errors and `frozenconst.audit`)
 # should point at the user's code, not at frozenconst's operator forwarding.
 # JAX hides its own frames the same way.
-import os as _os  # noqa: E402
+source_info_util.register_exclusion(os.path.dirname(__file__) + os.sep)
 
-from jax.extend import source_info_util as _source_info_util  # noqa: E402
-
-_source_info_util.register_exclusion(_os.path.dirname(__file__) + _os.sep)
+Tracer: type = jax.core.Tracer

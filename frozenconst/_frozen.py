@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from . import _hoisting
-from ._cache import Placement, Store
+from ._cache import Placement, Store, owner_of
 from ._errors import FrozenConstTypeError, FrozenConstValueError
 from ._host import freeze, to_numpy
 from ._placement import Target, as_sharding
@@ -24,7 +24,18 @@ _REFUSED = frozenset({"delete"})
 _REPR_MAX_ELEMENTS = 64
 
 
-class FrozenConst:
+if TYPE_CHECKING:
+    # Type checkers see a `jax.Array` subclass, so `jnp.dot(x, w)`, `x @ w` and
+    # any parameter typed `jax.typing.ArrayLike` accept a FrozenConst, as they do
+    # at run time through `__jax_array__`. At run time it is not a `jax.Array`
+    # (`isinstance(x, jax.Array)` is False); docs/typing.md lists every difference.
+    from jax import Array as _StaticBase
+else:
+    _StaticBase = object
+
+
+@jax.tree_util.register_pytree_with_keys_class
+class FrozenConst(_StaticBase):
     """An immutable constant array for JAX.
 
     `FrozenConst(obj)` copies `obj` once into a host buffer that nothing can
@@ -105,6 +116,37 @@ class FrozenConst:
         self = object.__new__(cls)
         self._init(None, leaf)
         return self
+
+    # -- the pytree protocol (jax.tree_util.register_pytree_with_keys_class) ----
+
+    def tree_flatten(self) -> tuple[tuple[jax.Array], None]:
+        """A pytree with one leaf, the device buffer, and no auxiliary data.
+
+        So jit arguments cost no transfer and never retrace for another constant
+        of the same shape and dtype, and transformations keep the type (JEP 28661).
+        """
+        return (self.__jax_array__(),), None
+
+    def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, jax.Array]], None]:
+        """As `tree_flatten`, with the leaf's key path `.value`."""
+        return ((jax.tree_util.GetAttrKey("value"), self.__jax_array__()),), None
+
+    @classmethod
+    def tree_unflatten(cls, aux_data: None, children: Any) -> FrozenConst:
+        """Rebuild from a leaf.
+
+        From the constant's own cached buffer (passed through `jit`, rebuilt by
+        `eqx.combine` or a flax NNX state round trip), the constant itself; from
+        anything else (a tracer, a gradient, a mapped result), a derived value
+        that never claims the original's host data.
+        """
+        (leaf,) = children
+        owner = owner_of(leaf)
+        if owner is not None:
+            handle = object.__new__(cls)
+            handle._init(owner[0], None, owner[1])
+            return handle
+        return cls._derived(leaf)
 
     # -- the device side -------------------------------------------------------
 
@@ -267,7 +309,9 @@ class FrozenConst:
             self._leaf_host = Store(freeze(to_numpy(self._leaf, None)))
         return self._leaf_host
 
-    def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+    def __array__(
+        self, dtype: DTypeLike | None = None, context: None = None, copy: bool | None = None
+    ) -> np.ndarray[Any, Any]:
         host = self._host()
         if copy:
             return np.array(host, dtype=dtype, copy=True)
@@ -448,25 +492,11 @@ _OPERATORS = [
     *("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"),
     *("__neg__", "__pos__", "__abs__", "__invert__", "__round__", "__getitem__"),
 ]
-for _name in _OPERATORS:
-    setattr(FrozenConst, _name, _forward(_name))
-del _name
 
 
-def _flatten(x: FrozenConst) -> tuple[tuple[jax.Array], None]:
-    # A pytree with one leaf, the device buffer: jit arguments cost no transfer
-    # and no retrace (the auxiliary data is None for every instance), and
-    # transformations see the type (JEP 28661).
-    return (x.__jax_array__(),), None
+def _install_operators() -> None:
+    for name in _OPERATORS:
+        setattr(FrozenConst, name, _forward(name))
 
 
-def _flatten_with_keys(x: FrozenConst) -> tuple[tuple[tuple[Any, jax.Array]], None]:
-    return ((jax.tree_util.GetAttrKey("value"), x.__jax_array__()),), None
-
-
-def _unflatten(_: None, leaves: Any) -> FrozenConst:
-    (leaf,) = leaves
-    return FrozenConst._derived(leaf)
-
-
-jax.tree_util.register_pytree_with_keys(FrozenConst, _flatten_with_keys, _unflatten, _flatten)
+_install_operators()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,7 @@ def _aval_bytes(aval: str) -> int:
 
 
 def _numpy_captures(message: str, max_bytes: int) -> list[str]:
-    found = []
+    found: list[str] = []
     for pattern in (_DEFAULT_PIPELINE, _SIMPLIFIED_PIPELINE):
         for m in pattern.finditer(message):
             if not any(t in m["type"] for t in _NUMPY_TYPES):
@@ -52,7 +52,7 @@ def _numpy_captures(message: str, max_bytes: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def no_numpy_constants(max_bytes: int = 1024) -> Iterator[None]:
+def no_numpy_constants(max_bytes: int = 1024) -> Generator[None]:
     """Fail when code run inside captures a raw NumPy constant larger than `max_bytes`.
 
     Checks every function JAX compiles inside the block, under either constant

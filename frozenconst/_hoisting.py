@@ -25,7 +25,7 @@ import jax
 from jax.sharding import Sharding
 
 from ._cache import Store
-from ._compat import TRACE_ISOLATION, current_trace
+from ._compat import current_trace, trace_isolation
 
 
 class Rediscover(Exception):
@@ -66,7 +66,7 @@ def resolve(store: Store, placement: Sharding | None) -> jax.Array:
     """The value a constant stands for in the innermost `frozenconst.jit` trace."""
     frame = scope.frames[-1]
     source = (store, placement)
-    if not TRACE_ISOLATION and current_trace() is not frame.trace:
+    if not trace_isolation and current_trace() is not frame.trace:
         return source_array(source)
     value = frame.known.get(source)
     if value is not None:

@@ -35,9 +35,9 @@ def _jax_dtypes() -> frozenset[np.dtype[Any]]:
     found: set[np.dtype[Any]] = set()
     for name in dir(jnp):
         obj = getattr(jnp, name, None)
-        dtype = getattr(obj, "dtype", None)
+        dtype: Any = getattr(obj, "dtype", None)
         if isinstance(obj, type) and isinstance(dtype, np.dtype):
-            found.add(dtype)
+            found.add(np.dtype(dtype))
     return frozenset(found)
 
 

@@ -11,4 +11,6 @@ def setup() -> None:
         # It is being imported right now (it imports hypothesis, which calls
         # this hook) and registers itself when it finishes.
         return
-    import frozenconst.strategies  # noqa: F401
+    import importlib
+
+    importlib.import_module("frozenconst.strategies")

@@ -7,9 +7,10 @@ from typing import Any, TypeAlias
 import jax
 from jax.sharding import NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
 
+from ._compat import Device
 from ._errors import FrozenConstTypeError, FrozenConstValueError
 
-Target: TypeAlias = jax.Device | Sharding | PartitionSpec
+Target: TypeAlias = Device | Sharding | PartitionSpec
 """What `FrozenConst.on` accepts: a `jax.Device`, any `jax.sharding.Sharding`, or a
 `PartitionSpec` under a mesh set with `jax.set_mesh`."""
 

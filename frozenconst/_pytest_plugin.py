@@ -9,7 +9,7 @@ so the test itself fails (not its teardown), with the audit line in the message.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -39,7 +39,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 
 
 @pytest.fixture
-def no_numpy_constants(request: pytest.FixtureRequest) -> Iterator[None]:
+def no_numpy_constants(request: pytest.FixtureRequest) -> Generator[None]:
     """Fail the test if traced code captures a raw NumPy constant above the threshold."""
     limit = int(request.config.getini("frozenconst_max_numpy_constant_bytes"))
     stack = contextlib.ExitStack()

@@ -9,8 +9,8 @@ from typing import Any
 
 import jax
 
-from . import _cache
 from ._cache import LIVE, RETIRED, Store
+from ._compat import Device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +30,7 @@ class ConstStats:
     """
 
     host_bytes: int
-    device_bytes: Mapping[jax.Device, int]
+    device_bytes: Mapping[Device, int]
     transfers: int
     hits: int
     placements: int
@@ -59,7 +59,7 @@ class Stats:
 
     live_constants: int
     host_bytes: int
-    device_bytes: Mapping[jax.Device, int]
+    device_bytes: Mapping[Device, int]
     aliased_bytes: int
     transfers: int
     hits: int
@@ -71,9 +71,9 @@ class Stats:
         return out
 
 
-def _device_bytes(arrays: Iterable[jax.Array]) -> tuple[dict[jax.Device, int], set[tuple[jax.Device, int]]]:
-    per_device: dict[jax.Device, int] = {}
-    seen: set[tuple[jax.Device, int]] = set()
+def _device_bytes(arrays: Iterable[jax.Array]) -> tuple[dict[Device, int], set[tuple[Device, int]]]:
+    per_device: dict[Device, int] = {}
+    seen: set[tuple[Device, int]] = set()
     for array in arrays:
         for shard in array.addressable_shards:
             buffer = (shard.device, shard.data.unsafe_buffer_pointer())
@@ -116,7 +116,7 @@ def stats() -> Stats:
         (1, 1)
     """
     stores = list(LIVE)
-    per_device: dict[jax.Device, int] = {}
+    per_device: dict[Device, int] = {}
     aliased = 0
     for store in stores:
         arrays = store.cached()
@@ -135,11 +135,3 @@ def stats() -> Stats:
         transfers=RETIRED.transfers + sum(s.transfers for s in stores),
         hits=RETIRED.hits + sum(s.hits for s in stores),
     )
-
-
-def set_accounting(enabled: bool) -> None:
-    """Count cache hits (the default), or not. Transfers and bytes are always accounted.
-
-    The benchmark suite measures the cost of counting against not counting.
-    """
-    _cache.ACCOUNTING = bool(enabled)

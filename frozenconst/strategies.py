@@ -50,7 +50,7 @@ def _usable_dtypes() -> tuple[np.dtype[Any], ...]:
     # Every dtype `jax.numpy` offers that the default backend can hold and read
     # back: jax 0.10's CPU backend offers float6 types it cannot transfer, and
     # int1 arrays it cannot read back.
-    usable = []
+    usable: list[np.dtype[Any]] = []
     for dtype in sorted(SUPPORTED_DTYPES, key=lambda d: d.name):
         try:
             on_device = jax.device_put(np.zeros(2, dtype))

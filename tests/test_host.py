@@ -254,7 +254,16 @@ def test_buffers_freed_with_the_constant():
     assert ref() is None
 
 
-def test_version_and_public_names():
+def test_every_public_name_imports_and_is_documented():
+    import pathlib
+
     assert isinstance(frozenconst.__version__, str)
-    for name in ["FrozenConst", "jit", "FrozenConstTypeError", "FrozenConstValueError", "TracedValueError"]:
-        assert getattr(frozenconst, name).__module__.startswith("frozenconst")
+    api = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
+    public = [n for n in dir(frozenconst) if not n.startswith("_")]
+    assert "FrozenConst" in public and "jit" in public and "audit" in public
+    for name in public:
+        obj = getattr(frozenconst, name)
+        if isinstance(obj, type(frozenconst)):  # submodules such as `strategies`
+            continue
+        assert obj.__module__.startswith("frozenconst"), name
+        assert f"::: frozenconst.{name}\n" in api, f"{name} is missing from docs/api.md"

@@ -1,0 +1,185 @@
+"""Constants in models are never trained: equinox, flax NNX, optax; and jaxtyping annotations."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from beartype import beartype
+from conftest import live_copies, unique_data
+from flax import nnx
+from jaxtyping import Float, Int, TypeCheckError, jaxtyped
+
+import frozenconst
+from frozenconst import FrozenConst
+
+
+def _assert_untouched(const, data):
+    np.testing.assert_array_equal(np.asarray(const).view(np.uint8), data.view(np.uint8))  # bitwise
+    np.testing.assert_array_equal(np.asarray(jnp.asarray(const)).view(np.uint8), data.view(np.uint8))
+    assert live_copies(data) == 1  # one device buffer, observed through jax.live_arrays()
+    assert const.stats().transfers == 1
+
+
+def test_equinox_adamw_with_weight_decay_leaves_the_constant_alone():
+    data = unique_data((16, 8))
+    table = FrozenConst(data)
+
+    class Model(eqx.Module):
+        table: FrozenConst
+        lin: eqx.nn.Linear
+
+        def __call__(self, x):
+            return self.lin(x @ self.table)
+
+    model = Model(table, eqx.nn.Linear(8, 2, key=jax.random.key(0)))
+    params, static = eqx.partition(model, frozenconst.is_trainable, is_leaf=frozenconst.is_frozen)
+    assert params.table is None and static.table is table
+    opt = optax.adamw(1e-1, weight_decay=0.5)
+    opt_state = opt.init(params)
+
+    @eqx.filter_jit
+    def step(params, static, opt_state, x):
+        loss, grads = eqx.filter_value_and_grad(lambda p: jnp.sum(eqx.combine(p, static)(x) ** 2))(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return eqx.apply_updates(params, updates), opt_state, loss
+
+    w0 = np.asarray(params.lin.weight)
+    for _ in range(5):
+        params, opt_state, _ = step(params, static, opt_state, jnp.ones(16))
+    model = eqx.combine(params, static)
+    assert model.table is table
+    assert not np.array_equal(np.asarray(model.lin.weight), w0)  # the trainable weights did change
+    _assert_untouched(model.table, data)
+
+
+def test_optax_alone_with_partition_and_combine():
+    data = unique_data((8, 4))
+    params = {"table": FrozenConst(data), "w": jnp.ones((4, 3))}
+    trainable, frozen = frozenconst.partition(params)
+    opt = optax.adamw(1e-1, weight_decay=0.5)
+    opt_state = opt.init(trainable)
+    assert all(
+        leaf.shape != data.shape for leaf in jax.tree_util.tree_leaves(opt_state) if hasattr(leaf, "shape")
+    )
+
+    @jax.jit
+    def step(trainable, frozen, opt_state):
+        def loss(t):
+            p = frozenconst.combine(t, frozen)
+            return jnp.sum((p["table"] @ p["w"]) ** 2)
+
+        grads = jax.grad(loss)(trainable)
+        updates, opt_state = opt.update(grads, opt_state, trainable)
+        return optax.apply_updates(trainable, updates), opt_state
+
+    for _ in range(5):
+        trainable, opt_state = step(trainable, frozen, opt_state)
+    params2 = frozenconst.combine(trainable, frozen)
+    assert params2["table"] is params["table"]
+    assert not np.array_equal(np.asarray(params2["w"]), np.ones((4, 3)))
+    _assert_untouched(params2["table"], data)
+
+
+@pytest.mark.parametrize("how", ["nnx.data", "register_data_type"])
+def test_flax_nnx_split_merge_adamw_leaves_the_constant_alone(how):
+    data = unique_data((16, 8))
+    table = FrozenConst(data)
+    if how == "register_data_type":
+        nnx.register_data_type(FrozenConst)
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.table = nnx.data(table) if how == "nnx.data" else table
+            self.lin = nnx.Linear(8, 2, rngs=rngs)
+
+        def __call__(self, x):
+            return self.lin(x @ self.table)
+
+    model = Model(nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    opt = optax.adamw(1e-1, weight_decay=0.5)
+    opt_state = opt.init(params)  # Params only: the constant has no optimizer state
+
+    @jax.jit
+    def step(params, rest, opt_state, x):
+        grads = jax.grad(lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(x) ** 2))(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    w0 = np.asarray(model.lin.kernel[...])
+    for _ in range(5):
+        params, opt_state = step(params, rest, opt_state, jnp.ones((3, 16)))
+    nnx.update(model, params)
+    assert not np.array_equal(np.asarray(model.lin.kernel[...]), w0)  # trained
+    assert model.table is table  # the constant itself, never an output of the step
+    _assert_untouched(model.table, data)
+
+
+def test_flax_nnx_optimizer_never_trains_the_constant():
+    # nnx.jit returns every data attribute as an output, and JAX returns outputs
+    # in new buffers: the constant is never trained, but the model ends up with
+    # a copy. docs/training.md recommends split/merge (above) for that reason.
+    data = unique_data((16, 8))
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.table = nnx.data(FrozenConst(data))
+            self.lin = nnx.Linear(8, 2, rngs=rngs)
+
+        def __call__(self, x):
+            return self.lin(x @ self.table)
+
+    model = Model(nnx.Rngs(0))
+    opt = nnx.Optimizer(model, optax.adamw(1e-1, weight_decay=0.5), wrt=nnx.Param)
+
+    @nnx.jit
+    def step(model, opt, x):
+        grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(model)
+        opt.update(model, grads)
+
+    for _ in range(5):
+        step(model, opt, jnp.ones((3, 16)))
+    assert isinstance(model.table, FrozenConst)
+    np.testing.assert_array_equal(np.asarray(model.table).view(np.uint8), data.view(np.uint8))
+
+
+def test_jit_passthrough_gives_back_the_constant_itself():
+    x = FrozenConst(unique_data((4, 4)))
+    same = jax.jit(lambda c: c)(x)
+    assert isinstance(same, FrozenConst)
+    if jnp.asarray(same) is jnp.asarray(x):  # JAX forwarded the input buffer
+        assert same.is_concrete and same.fingerprint == x.fingerprint
+    assert jax.tree_util.tree_map(lambda a: a, x).is_concrete
+
+
+def test_jaxtyping_annotations_are_checked_at_run_time():
+    @jaxtyped(typechecker=beartype)
+    def embed(table: Float[FrozenConst, "vocab dim"], ids: Int[jax.Array, " n"]) -> Float[jax.Array, "n dim"]:
+        return jnp.take(table, ids, axis=0)
+
+    good = FrozenConst(unique_data((10, 4)))
+    assert embed(good, jnp.array([1, 2])).shape == (2, 4)
+    with pytest.raises(TypeCheckError):
+        embed(FrozenConst(unique_data((10,))), jnp.array([1, 2]))  # wrong rank
+    with pytest.raises(TypeCheckError):
+        embed(FrozenConst(np.ones((10, 4), np.int32)), jnp.array([1, 2]))  # wrong dtype
+    with pytest.raises(TypeCheckError):
+        embed(jnp.ones((10, 4)), jnp.array([1, 2]))  # a jax.Array is not a FrozenConst
+
+    @jaxtyped(typechecker=beartype)
+    def pair(a: Float[FrozenConst, "n d"], b: Float[FrozenConst, "d m"]) -> Float[jax.Array, "n m"]:
+        return a @ b
+
+    assert pair(FrozenConst(unique_data((3, 5))), FrozenConst(unique_data((5, 2)))).shape == (3, 2)
+    with pytest.raises(TypeCheckError):
+        pair(FrozenConst(unique_data((3, 5))), FrozenConst(unique_data((4, 2))))  # dims disagree
+
+
+def test_filters():
+    const = FrozenConst(np.ones(2, np.float32))
+    assert frozenconst.is_frozen(const) and not frozenconst.is_frozen(jnp.ones(2))
+    assert not frozenconst.is_trainable(const)
+    assert frozenconst.is_trainable(jnp.ones(2)) and frozenconst.is_trainable(np.ones(2))
+    assert not frozenconst.is_trainable(jnp.ones(2, jnp.int32)) and not frozenconst.is_trainable("x")
