@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import types
 import weakref
@@ -13,16 +14,18 @@ import jax
 import numpy as np
 from jax.sharding import Sharding, SingleDeviceSharding
 
-from ._compat import Device, default_device_setting, eval_context, x64_enabled
+from ._compat import DEFAULT_DEVICE, X64, Device, eval_context
 from ._fingerprint import fingerprint
 
 _K = TypeVar("_K")
 
 
+@functools.lru_cache(maxsize=64)
 def _default_device(setting: Any) -> Device:
     # Mirrors how `jax.device_put(x)` picks a device when given none: the
     # `jax_default_device` setting (a device or a platform name), else the
-    # first local device of the default backend.
+    # first local device of the default backend. Cached: the devices of a
+    # process never change once its backends are up.
     device: Device
     if setting is None:
         device = jax.local_devices()[0]
@@ -66,8 +69,23 @@ def _drop(table: dict[_K, jax.Array], doomed: Callable[[_K, jax.Array], bool]) -
         del table[key]
 
 
-# Whether cache hits are counted (`frozenconst.set_accounting`).
-accounting_enabled = True
+class _Accounting:
+    """Whether cache hits are counted (`frozenconst.set_accounting`)."""
+
+    enabled = True
+
+
+ACCOUNTING = _Accounting()
+
+
+class _Epoch:
+    """Bumped whenever any constant's default-device cache changes (a transfer,
+    an eviction), so `frozenconst.jit` can reuse the arrays it fed last time."""
+
+    value = 0
+
+
+CACHE_EPOCH = _Epoch()
 
 
 def set_accounting(enabled: bool) -> None:
@@ -75,8 +93,7 @@ def set_accounting(enabled: bool) -> None:
 
     The benchmark suite measures the cost of counting against not counting.
     """
-    global accounting_enabled
-    accounting_enabled = bool(enabled)
+    ACCOUNTING.enabled = bool(enabled)
 
 
 class _Retired:
@@ -115,11 +132,11 @@ class Store:
     __slots__ = (
         "__weakref__",
         "_by_device",
-        "_by_setting",
         "_fingerprint",
         "_lock",
         "_placed",
         "_placed_by_dtype",
+        "by_setting",
         "hits",
         "host",
         "transfers",
@@ -136,29 +153,29 @@ class Store:
         LIVE.add(self)
         # (jax_default_device setting, x64 flag) -> array: the hit path, one
         # dict lookup. Several settings can resolve to the same device buffer.
-        self._by_setting: dict[tuple[Any, bool], jax.Array] = {}
+        self.by_setting: dict[tuple[Any, Any], jax.Array] = {}
         # (device, device dtype) -> array: the default buffers themselves.
         self._by_device: dict[tuple[Device, np.dtype[Any]], jax.Array] = {}
         # (sharding, x64 flag) -> array, and (sharding, device dtype) -> array:
         # the committed placements made by `on`.
-        self._placed: dict[tuple[Sharding, bool], jax.Array] = {}
+        self._placed: dict[tuple[Sharding, Any], jax.Array] = {}
         self._placed_by_dtype: dict[tuple[Sharding, np.dtype[Any]], jax.Array] = {}
 
     # -- the default placement -------------------------------------------------
 
     def default_array(self) -> jax.Array:
         """The buffer on the default device, in the dtype JAX would give the host data now."""
-        key = (default_device_setting(), x64_enabled())
-        array = self._by_setting.get(key)
+        key = (DEFAULT_DEVICE.value, X64.value)
+        array = self.by_setting.get(key)
         # A cached buffer can be deleted behind our back: by `Array.delete()`,
         # or by donation to a jitted function (`donate_argnums`).
         if array is None or array.is_deleted():
             return self._transfer_default(key)
-        if accounting_enabled:
+        if ACCOUNTING.enabled:
             self.hits += 1
         return array
 
-    def _transfer_default(self, key: tuple[Any, bool]) -> jax.Array:
+    def _transfer_default(self, key: tuple[Any, Any]) -> jax.Array:
         device = _default_device(key[0])
         dtype = jax.dtypes.canonicalize_dtype(self.host.dtype)
         with self._lock:
@@ -172,22 +189,23 @@ class Store:
                 self.transfers += 1
                 self._by_device[(device, dtype)] = array
                 OWNERS[id(array)] = self
-            self._by_setting[key] = array
+            self.by_setting[key] = array
+            CACHE_EPOCH.value += 1
             return array
 
     # -- explicit placements ---------------------------------------------------
 
     def placed(self, sharding: Sharding) -> jax.Array:
         """The committed array with exactly `sharding`, built once per distinct sharding."""
-        key = (sharding, x64_enabled())
+        key = (sharding, X64.value)
         array = self._placed.get(key)
         if array is None or array.is_deleted():
             return self._place(key)
-        if accounting_enabled:
+        if ACCOUNTING.enabled:
             self.hits += 1
         return array
 
-    def _place(self, key: tuple[Sharding, bool]) -> jax.Array:
+    def _place(self, key: tuple[Sharding, Any]) -> jax.Array:
         sharding = key[0]
         dtype = jax.dtypes.canonicalize_dtype(self.host.dtype)
         with self._lock:
@@ -229,9 +247,10 @@ class Store:
     def evict(self, sharding: Sharding | None = None) -> None:
         """Forget device buffers: all of them, or those with `sharding` (and, for a
         single-device sharding, the default buffer on that device). The next use transfers again."""
+        CACHE_EPOCH.value += 1
         with self._lock:
             if sharding is None:
-                for table in (self._by_setting, self._by_device, self._placed, self._placed_by_dtype):
+                for table in (self.by_setting, self._by_device, self._placed, self._placed_by_dtype):
                     table.clear()
                 return
             _drop(self._placed, lambda key, _: key[0] == sharding)
@@ -240,7 +259,7 @@ class Store:
                 (device,) = sharding.device_set
                 gone = {id(a) for k, a in self._by_device.items() if k[0] == device}
                 _drop(self._by_device, lambda key, _: key[0] == device)
-                _drop(self._by_setting, lambda _, array: id(array) in gone)
+                _drop(self.by_setting, lambda _, array: id(array) in gone)
 
     def placements(self) -> tuple[Placement, ...]:
         """The live cached placements, defaults first."""
@@ -265,9 +284,11 @@ class Store:
             self._fingerprint = fingerprint(self.host)
         return self._fingerprint
 
-    def __del__(self) -> None:
-        RETIRED.hits += self.hits
-        RETIRED.transfers += self.transfers
+    def __del__(self, _retired: _Retired = RETIRED) -> None:
+        # The default argument keeps the counter reachable at interpreter
+        # shutdown, when module globals may already be gone.
+        _retired.hits += self.hits
+        _retired.transfers += self.transfers
 
     def cached(self) -> list[jax.Array]:
         """The live cached device arrays, one per placement."""

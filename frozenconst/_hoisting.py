@@ -60,6 +60,27 @@ class _Scope(threading.local):
 
 
 scope = _Scope()
+# How many frozenconst.jit traces are in progress, in all threads. The cache-hit
+# path reads this plain integer and consults the thread-local frames only when
+# it is not zero.
+active = 0
+_active_lock = threading.Lock()
+
+
+def enter(frame: Frame) -> None:
+    """Start resolving constants for `frame` in this thread."""
+    global active
+    with _active_lock:
+        active += 1
+    scope.frames.append(frame)
+
+
+def leave() -> None:
+    """Stop resolving constants for the innermost frame of this thread."""
+    global active
+    scope.frames.pop()
+    with _active_lock:
+        active -= 1
 
 
 def resolve(store: Store, placement: Sharding | None) -> jax.Array:

@@ -1,0 +1,77 @@
+"""Timing helpers: medians of repeated runs, and interleaved A/B ratios."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def median_time(fn: Callable[[], Any], repeats: int = 5, setup: Callable[[], Any] | None = None) -> float:
+    """Median wall time of `fn()` over `repeats` runs (seconds); `setup` runs untimed before each."""
+    times = []
+    for _ in range(repeats):
+        if setup is not None:
+            setup()
+        gc.collect()
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+        del out
+    return statistics.median(times)
+
+
+def _block(fn: Callable[[], Any], n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - start) / n
+
+
+def ab_ratio(
+    a: Callable[[], Any],
+    b: Callable[[], Any],
+    n: int = 1000,
+    rounds: int = 31,
+    before_a: Callable[[], Any] | None = None,
+    before_b: Callable[[], Any] | None = None,
+) -> dict[str, float]:
+    """Per-call time of `a` and `b` and the median of per-round ratios a/b.
+
+    Blocks of `n` calls alternate (a then b, b then a) so that drift in the
+    machine's speed cancels; garbage collection is off while timing.
+    `before_a`/`before_b` run, untimed, before each block (to switch a setting).
+    """
+
+    def run_a() -> float:
+        if before_a is not None:
+            before_a()
+        return _block(a, n)
+
+    def run_b() -> float:
+        if before_b is not None:
+            before_b()
+        return _block(b, n)
+
+    run_a()
+    run_b()
+    ratios, ta, tb = [], [], []
+    gc.disable()
+    try:
+        for r in range(rounds):
+            if r % 2:
+                x, y = run_a(), run_b()
+            else:
+                y, x = run_b(), run_a()
+            ta.append(x)
+            tb.append(y)
+            ratios.append(x / y)
+    finally:
+        gc.enable()
+    return {
+        "a_us": statistics.median(ta) * 1e6,
+        "b_us": statistics.median(tb) * 1e6,
+        "ratio": statistics.median(ratios),
+    }
