@@ -375,7 +375,7 @@ def markdown(results: dict[str, Any], env: dict[str, str], command: str) -> str:
             lines.append(
                 f"| {key} | {r['uses']} | {r['transfers']} | {r['live_copies']} | {r['device_bytes']} |"
             )
-    lines += ["", "## Fingerprints", "", "| digest | GB/s |", "|---|---:|"]
+    lines += ["", "### Fingerprints", "", "| digest | GB/s |", "|---|---:|"]
     for r in results["fingerprint"]:
         lines.append(f"| {r['what']} | {r['gbs']:.2f} |")
     return "\n".join(lines) + "\n"
@@ -393,6 +393,14 @@ def main(quick: bool, docs: pathlib.Path) -> dict[str, Any]:
     (docs / "performance-results.json").write_text(json.dumps({"environment": env, **results}, indent=1))
     print(text)
     return results
+
+
+def render(docs: pathlib.Path, quick: bool = False) -> None:
+    """Write the Markdown again from the saved JSON (no measuring)."""
+    saved = json.loads((docs / "performance-results.json").read_text())
+    env = saved.pop("environment")
+    command = "python -m benchmarks core" + (" --quick" if quick else "")
+    (docs / "performance-results.md").write_text(markdown(saved, env, command))
 
 
 if __name__ == "__main__":  # pragma: no cover

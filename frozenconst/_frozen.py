@@ -119,7 +119,7 @@ class FrozenConst(_StaticBase):
         self._init(None, leaf)
         return self
 
-    # -- the pytree protocol (jax.tree_util.register_pytree_with_keys_class) ----
+    # -- the pytree protocol (registered below the class) ----------------------
 
     def tree_flatten(self) -> tuple[tuple[jax.Array], None]:
         """A pytree with one leaf, the device buffer, and no auxiliary data.

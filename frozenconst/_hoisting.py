@@ -2,10 +2,10 @@
 
 While `frozenconst.jit` traces, each constant it already knows resolves to a
 parameter of the compiled program (a tracer), so its data never enters the
-program. A constant it meets for the first time resolves to its concrete device
-buffer for the rest of that trace, which is always correct, and is noted: the
-trace is then redone with every constant it met as a parameter, before
-anything is lowered or compiled. One extra trace finds them all.
+program. A constant it meets for the first time is noted and stands in as
+zeros of its type for the rest of that trace; the trace is then thrown away and
+redone with every constant it met as a parameter, before anything is lowered
+or compiled. One extra trace finds them all.
 
 Each trace runs in a trace context of its own (`_compat.isolated_trace`), so
 inner functions traced during it (a nested `jax.jit`, a `scan` body) are
@@ -94,7 +94,20 @@ def resolve(store: Store, placement: Sharding | None) -> jax.Array:
         return value  # type: ignore[no-any-return]
     if source not in frame.pending:
         frame.pending.append(source)
-    return source_array(source)
+    return placeholder(store)
+
+
+def placeholder(store: Store) -> jax.Array:
+    """Zeros of the constant's shape and device dtype, made inside the current trace.
+
+    A trace that meets a new constant is thrown away and redone, so what the
+    constant stands for there only has to have the right type. Not the buffer
+    itself: JAX keeps an abandoned trace alive while a constant it captured is
+    referenced (its `finalize_const` registration), and with it the buffer.
+    """
+    dtype = jax.dtypes.canonicalize_dtype(store.host.dtype)
+    zeros: jax.Array = jax.lax.full(store.host.shape, 0, dtype)
+    return zeros
 
 
 def array_for(source: Source) -> jax.Array:

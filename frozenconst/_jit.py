@@ -66,17 +66,45 @@ def _multi_device() -> bool:
     return jax.device_count() > 1
 
 
+class _Known:
+    """The constants a `frozenconst.jit` function has met, and what it fed last.
+
+    Shared by the wrapper and its traced function. The traced function must not
+    hold the wrapper itself: JAX's C++ jit object is invisible to Python's
+    garbage collector, so a reference cycle through it would keep the wrapper,
+    and every constant buffer it holds, alive forever.
+    """
+
+    __slots__ = ("fast", "fed", "fed_key", "fed_stores", "lock", "sources")
+
+    def __init__(self) -> None:
+        self.sources: list[Source] = []
+        self.lock = threading.Lock()
+        # The stores fed their default buffers (None: some are fed otherwise).
+        self.fast: list[Store] | None = []
+        # The arrays fed last, the settings they were fed under, their stores.
+        self.fed: tuple[jax.Array, ...] = ()
+        self.fed_key: tuple[Any, ...] | None = None
+        self.fed_stores: tuple[Store, ...] = ()
+
+    def add(self, pending: list[Source]) -> None:
+        with self.lock:
+            self.sources.extend(s for s in pending if s not in self.sources)
+            # Every constant is fed its default buffer when none declares a
+            # placement and, with one device, there is no mesh to follow.
+            if all(p is None for _, p in self.sources) and not _multi_device():
+                self.fast = [store for store, _ in self.sources]
+            else:
+                self.fast = None
+            self.fed_key = None
+
+
 class JitWrapped:
     """A function compiled by [`frozenconst.jit`][frozenconst.jit]. Call it like the original."""
 
     def __init__(self, fun: Callable[..., Any], jit_kwargs: dict[str, Any]) -> None:
         self._fun = fun
-        self._sources: list[Source] = []
-        self._fast: list[Store] | None = []
-        self._fed: tuple[jax.Array, ...] = ()
-        self._fed_key: tuple[Any, ...] | None = None
-        self._fed_stores: tuple[Store, ...] = ()
-        self._lock = threading.Lock()
+        self._known = _Known()
         kwargs = dict(jit_kwargs)
         for name in ("static_argnums", "donate_argnums"):
             if name in kwargs:
@@ -88,10 +116,10 @@ class JitWrapped:
         functools.update_wrapper(self, fun)
 
     def _make_traced(self) -> Callable[..., Any]:
-        fun = self._fun
+        fun, known = self._fun, self._known
 
         def traced(consts: tuple[Any, ...], /, *args: Any, **kwargs: Any) -> Any:
-            frame = Frame(dict(zip(self._sources, consts, strict=False)))
+            frame = Frame(dict(zip(known.sources, consts, strict=False)))
             enter(frame)
             try:
                 with isolated_trace():
@@ -99,9 +127,7 @@ class JitWrapped:
             finally:
                 leave()
                 if frame.pending:
-                    with self._lock:
-                        self._sources.extend(s for s in frame.pending if s not in self._sources)
-                        self._update_fast_path()
+                    known.add(frame.pending)
             if frame.pending:
                 raise Rediscover
             return out
@@ -123,7 +149,7 @@ class JitWrapped:
     def _retrying(self, step: Callable[[tuple[jax.Array, ...]], Any], args: Any, kwargs: Any) -> Any:
         for _ in range(_MAX_ROUNDS):
             try:
-                return step(_feed(self._sources, args, kwargs))
+                return step(_feed(self._known.sources, args, kwargs))
             except Rediscover:
                 continue
         raise RuntimeError(  # pragma: no cover - needs 64 rounds of new constants
@@ -135,7 +161,8 @@ class JitWrapped:
         # device cache changed (`CACHE_EPOCH`) and the default device and x64
         # setting are the same. A buffer deleted since (donated elsewhere) makes
         # the call fail before it runs; it is then fed afresh and retried.
-        fed = self._fed_key
+        known = self._known
+        fed = known.fed_key
         if (
             fed is not None
             and CACHE_EPOCH.value == fed[2]
@@ -143,9 +170,9 @@ class JitWrapped:
             and X64.value is fed[1]
             and not _hoisting.active
         ):
-            consts = self._fed
+            consts = known.fed
             if ACCOUNTING.enabled:
-                for store in self._fed_stores:
+                for store in known.fed_stores:
                     store.hits += 1
         else:
             key = (DEFAULT_DEVICE.value, X64.value, CACHE_EPOCH.value)
@@ -157,44 +184,36 @@ class JitWrapped:
         except RuntimeError:
             if not any(a.is_deleted() for a in consts if isinstance(a, jax.Array)):
                 raise
-            self._fed_key = None
+            known.fed_key = None
             key = (DEFAULT_DEVICE.value, X64.value, CACHE_EPOCH.value)
             return self._jitted(self._feed(key, args, kwargs), *args, **kwargs)
 
     def _feed(self, key: tuple[Any, ...], args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
-        consts = _feed(self._sources, args, kwargs)
-        if self._fast is not None and not _hoisting.active:
+        known = self._known
+        consts = _feed(known.sources, args, kwargs)
+        if known.fast is not None and not _hoisting.active:
             # Reusable by later calls: the default buffers, for these settings.
-            self._fed, self._fed_key, self._fed_stores = consts, key, tuple(self._fast)
+            known.fed, known.fed_key, known.fed_stores = consts, key, tuple(known.fast)
         return consts
-
-    def _update_fast_path(self) -> None:
-        # Whether every constant is fed its default buffer: none declares a
-        # placement, and with one device there is no mesh to follow.
-        if all(p is None for _, p in self._sources) and not _multi_device():
-            self._fast = [store for store, _ in self._sources]
-        else:
-            self._fast = None
-        self._fed_key = None
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Like `jax.jit(f).lower`: the constants are parameters of the lowered program."""
         lowered: Lowered = self._retrying(
-            lambda c: Lowered(self._jitted.lower(c, *args, **kwargs), self._sources[: len(c)]), args, kwargs
+            lambda c: Lowered(self._jitted.lower(c, *args, **kwargs), self._known.sources[: len(c)]), args, kwargs
         )
         return lowered
 
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
         """Like `jax.jit(f).trace`: the constants are parameters of the traced program."""
         traced: Traced = self._retrying(
-            lambda c: Traced(self._jitted.trace(c, *args, **kwargs), self._sources[: len(c)]), args, kwargs
+            lambda c: Traced(self._jitted.trace(c, *args, **kwargs), self._known.sources[: len(c)]), args, kwargs
         )
         return traced
 
     @property
     def constants(self) -> int:
         """How many FrozenConsts this function has met so far (each is one parameter)."""
-        return len(self._sources)
+        return len(self._known.sources)
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:

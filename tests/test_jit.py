@@ -245,3 +245,24 @@ def test_plain_jax_jit_holds_one_constant_and_one_copy(n_uses):
         assert hlo < 50_000  # hoisted by JAX as an executable argument
     else:
         assert hlo > data.nbytes  # embedded: what frozenconst.jit avoids
+
+
+def test_function_and_constant_are_freed_with_nothing_left_behind():
+    # A first call traces twice (the first trace finds the constants); nothing of
+    # either trace may keep the constant's buffer alive (observed via jax.live_arrays()).
+    import gc
+
+    data = unique_data((128, 64))
+
+    def build_and_use():
+        c = FrozenConst(data)
+        ws = [jnp.ones((64, 4)) for _ in range(3)]
+        f = frozenconst.jit(lambda ws: sum(jnp.sum(c @ w) for w in ws))
+        f(ws).block_until_ready()
+        f.lower(ws).compile()
+        assert live_copies(data) == 1
+
+    build_and_use()
+    jax.clear_caches()
+    gc.collect()
+    assert live_copies(data) == 0
