@@ -194,14 +194,7 @@ def scaling() -> dict[str, Any]:
 
     from frozenconst import FrozenConst
 
-    def distinct_buffers(data: np.ndarray[Any, Any]) -> tuple[int, int]:
-        gc.collect()
-        seen: dict[Any, int] = {}
-        for arr in jax.live_arrays():
-            if arr.shape == data.shape and np.array_equal(np.asarray(arr), data):
-                for s in arr.addressable_shards:
-                    seen[(s.device, s.data.unsafe_buffer_pointer())] = s.data.nbytes
-        return len(seen), sum(seen.values())
+    from .seed import buffers_holding
 
     eager = []
     data = np.random.default_rng(3).standard_normal((256, 256)).astype(np.float32)
@@ -211,7 +204,7 @@ def scaling() -> dict[str, Any]:
         for _ in range(uses - done):
             (x + 1.0).block_until_ready()
         done = uses
-        copies, nbytes = distinct_buffers(data)
+        copies, nbytes = buffers_holding(data)
         eager.append(
             {"uses": uses, "transfers": x.stats().transfers, "live_copies": copies, "device_bytes": nbytes}
         )
@@ -221,7 +214,7 @@ def scaling() -> dict[str, Any]:
         y = FrozenConst(d2)
         fn = jax.jit(lambda v, y=y, uses=uses: sum(jnp.sum(y * v) for _ in range(uses)))
         fn(jnp.float32(1.0)).block_until_ready()
-        copies, nbytes = distinct_buffers(d2)
+        copies, nbytes = buffers_holding(d2)
         in_jit.append(
             {"uses": uses, "transfers": y.stats().transfers, "live_copies": copies, "device_bytes": nbytes}
         )
@@ -292,7 +285,15 @@ def plot(results: dict[str, Any], path: pathlib.Path) -> None:
     axes[0].set(title="construction time grows linearly with size", xlabel="MiB", ylabel="ms")
     for key, ax, title in (("eager", axes[1], "eager uses"), ("jit", axes[2], "uses inside one jax.jit")):
         rs = results["scaling"][key]
-        ax.semilogx([r["uses"] for r in rs], [r["transfers"] for r in rs], marker="o", label="transfers")
+        ax.semilogx(
+            [r["uses"] for r in rs],
+            [r["transfers"] for r in rs],
+            marker="o",
+            markersize=10,
+            linestyle="--",
+            fillstyle="none",
+            label="transfers",
+        )
         ax.semilogx(
             [r["uses"] for r in rs], [r["live_copies"] for r in rs], marker="s", label="live device copies"
         )
@@ -306,18 +307,14 @@ def plot(results: dict[str, Any], path: pathlib.Path) -> None:
 
 
 def markdown(results: dict[str, Any], env: dict[str, str], command: str) -> str:
-    lines = (
-        ["# Performance", "", f"Produced by `{command}` on:", ""]
-        + [f"- {k}: {v}" for k, v in env.items()]
-        + [""]
-    )
+    lines = [f"Produced by `{command}` on:", ""] + [f"- {k}: {v}" for k, v in env.items()] + [""]
     lines += [
         "Every figure is a ratio to a baseline measured in the same run, from medians of repeated",
         "runs; cache-hit ratios are medians of 31 interleaved rounds of 1000 calls.",
         "",
         "![construction time and scaling](benchmark-core.png)",
         "",
-        "## Construction: one copy, at the speed of `np.copy`",
+        "### Construction: one copy, at the speed of `np.copy`",
         "",
         "| input | MiB | np / numpy GB/s | FrozenConst GB/s | ratio (target >= 0.8) |",
         "|---|---:|---:|---:|---:|",
@@ -332,7 +329,7 @@ def markdown(results: dict[str, Any], env: dict[str, str], command: str) -> str:
         "The baseline for transposed input is `np.ascontiguousarray(a.T)`, and for the dtype",
         "conversion `a.astype(np.float32)`: the same work done by NumPy.",
         "",
-        "## First transfer to the default device",
+        "### First transfer to the default device",
         "",
         "| MiB | jax.device_put ms | FrozenConst first use ms | ratio (target <= 1.1) |",
         "|---:|---:|---:|---:|",
@@ -343,7 +340,7 @@ def markdown(results: dict[str, Any], env: dict[str, str], command: str) -> str:
         )
     lines += [
         "",
-        "## CPU zero-copy: process memory for one constant",
+        "### CPU zero-copy: process memory for one constant",
         "",
         "| approach | device buffer aliases host | extra RSS, x the constant's size |",
         "|---|---|---:|",
@@ -352,7 +349,7 @@ def markdown(results: dict[str, Any], env: dict[str, str], command: str) -> str:
         lines.append(f"| {r['mode']} | {r['aliased']} | {r['x_size']:.2f} |")
     lines += [
         "",
-        "## Cache hits (dispatch-bound: 8x8 float32)",
+        "### Cache hits (dispatch-bound: 8x8 float32)",
         "",
         "| call | FrozenConst us | jax.Array us | ratio |",
         "|---|---:|---:|---:|",
@@ -365,7 +362,7 @@ def markdown(results: dict[str, Any], env: dict[str, str], command: str) -> str:
         f"`frozenconst.jit` per call on a tiny function: {j['a_us']:.2f} us against {j['b_us']:.2f} us "
         f"for `jax.jit` ({j['ratio']:.3f}x).",
         "",
-        "## Scaling",
+        "### Scaling",
         "",
         "| where | uses | transfers | live device copies | device bytes |",
         "|---|---:|---:|---:|---:|",

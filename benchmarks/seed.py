@@ -28,9 +28,10 @@ VARIANTS = {
     "frozenconst.jit": "FrozenConst, closed over, frozenconst.jit",
 }
 PIPELINES = {"default": None, "simplified": "1"}
+_KEEP_ALIVE: list[Any] = []
 
 
-def _distinct_buffers_equal_to(data: Any) -> tuple[int, int]:
+def buffers_holding(data: Any) -> tuple[int, int]:
     """(copies, bytes) of device buffers holding `data`, observed through jax.live_arrays()."""
     import jax
     import numpy as np
@@ -67,6 +68,10 @@ def measure(variant: str, layers: int, mib: float, steps: int = 5) -> dict[str, 
 
     if variant == "numpy-closure":
         const: Any = data.copy()
+        # Kept alive for the whole worker: JAX's simplified pipeline caches the
+        # device copies of a NumPy constant by the array's id, and a later job's
+        # array reusing a freed id would find the earlier job's copies.
+        _KEEP_ALIVE.append(const)
         fn, args = jax.jit(lambda ws: model(const, ws)), (weights,)
     elif variant == "jnp.array-closure":
         const = jnp.array(data)
@@ -98,7 +103,7 @@ def measure(variant: str, layers: int, mib: float, steps: int = 5) -> dict[str, 
         t = time.perf_counter()
         fn(*args).block_until_ready()
         times.append(time.perf_counter() - t)
-    copies, device_bytes = _distinct_buffers_equal_to(data)
+    copies, device_bytes = buffers_holding(data)
     return {
         "variant": variant,
         "layers": layers,

@@ -300,6 +300,10 @@ class FrozenConst(_StaticBase):
         """
         return const_stats(self._concrete_store("stats"))
 
+    def __frozenconst_source__(self) -> tuple[Store, jax.sharding.Sharding | None]:
+        """Internal: what `frozenconst.jit` passes for this constant (its buffers, its placement)."""
+        return self._concrete_store("frozenconst.jit"), self._placement
+
     @property
     def is_concrete(self) -> bool:
         """Whether this is a constant with host data (False for a traced or transformed value)."""

@@ -85,9 +85,10 @@ def to_numpy(obj: Any, dtype: DTypeLike | None) -> np.ndarray[Any, Any]:
         check_dtype(obj.dtype, "the `ndarray` it received")
         return obj
     if isinstance(obj, Tracer):
+        aval: Any = getattr(obj, "aval", None)
         raise TracedValueError(
             f"FrozenConst needs a concrete value, but received a traced value "
-            f"{obj.aval.str_short() if hasattr(obj, 'aval') else type(obj).__name__} "
+            f"{type(obj).__name__ if aval is None else aval.str_short()} "
             "(this happens when it is built inside `jax.jit`, `jax.grad`, "
             "`jax.vmap` and similar). Build the FrozenConst outside the "
             "transformation and close over it, or pass it in as an argument."

@@ -66,6 +66,42 @@ def _multi_device() -> bool:
     return jax.device_count() > 1
 
 
+def _visible_constants(fun: Callable[..., Any]) -> list[Source]:
+    """The FrozenConsts `fun` closes over or names as globals (nested code included)."""
+    from ._frozen import FrozenConst
+
+    target: Any = inspect.unwrap(fun)
+    code = getattr(target, "__code__", None)
+    if code is None:
+        return []
+    values: list[Any] = [
+        cell.cell_contents for cell in (getattr(target, "__closure__", None) or ()) if _filled(cell)
+    ]
+    names: set[str] = set()
+    stack = [code]
+    while stack:
+        current = stack.pop()
+        names.update(current.co_names)
+        stack.extend(c for c in current.co_consts if inspect.iscode(c))
+    module_globals = getattr(target, "__globals__", {})
+    values += [module_globals[n] for n in names if n in module_globals]
+    found: list[Source] = []
+    for value in values:
+        if isinstance(value, FrozenConst) and value.is_concrete:
+            source = value.__frozenconst_source__()
+            if source not in found:
+                found.append(source)
+    return found
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
 class _Known:
     """The constants a `frozenconst.jit` function has met, and what it fed last.
 
@@ -105,6 +141,12 @@ class JitWrapped:
     def __init__(self, fun: Callable[..., Any], jit_kwargs: dict[str, Any]) -> None:
         self._fun = fun
         self._known = _Known()
+        # Constants visible without tracing (closed over, or module globals the
+        # code names) are parameters from the first trace on, which saves that
+        # trace's redo; anything else is found by tracing.
+        found = _visible_constants(fun)
+        if found:
+            self._known.add(found)
         kwargs = dict(jit_kwargs)
         for name in ("static_argnums", "donate_argnums"):
             if name in kwargs:
@@ -182,7 +224,7 @@ class JitWrapped:
         except Rediscover:
             return self._retrying(lambda c: self._jitted(c, *args, **kwargs), args, kwargs)
         except RuntimeError:
-            if not any(a.is_deleted() for a in consts if isinstance(a, jax.Array)):
+            if not any(a.is_deleted() for a in consts):
                 raise
             known.fed_key = None
             key = (DEFAULT_DEVICE.value, X64.value, CACHE_EPOCH.value)
@@ -199,14 +241,18 @@ class JitWrapped:
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Like `jax.jit(f).lower`: the constants are parameters of the lowered program."""
         lowered: Lowered = self._retrying(
-            lambda c: Lowered(self._jitted.lower(c, *args, **kwargs), self._known.sources[: len(c)]), args, kwargs
+            lambda c: Lowered(self._jitted.lower(c, *args, **kwargs), self._known.sources[: len(c)]),
+            args,
+            kwargs,
         )
         return lowered
 
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
         """Like `jax.jit(f).trace`: the constants are parameters of the traced program."""
         traced: Traced = self._retrying(
-            lambda c: Traced(self._jitted.trace(c, *args, **kwargs), self._known.sources[: len(c)]), args, kwargs
+            lambda c: Traced(self._jitted.trace(c, *args, **kwargs), self._known.sources[: len(c)]),
+            args,
+            kwargs,
         )
         return traced
 

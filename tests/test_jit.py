@@ -138,6 +138,20 @@ def test_one_device_copy_shared_by_every_function():
     assert live_copies(data) == 1
 
 
+def test_visible_constants_need_no_second_trace():
+    traces = []
+    c = FrozenConst(unique_data((8, 8)))
+
+    @frozenconst.jit
+    def f(w):
+        traces.append(1)
+        return GLOBAL_TABLE[:8, :8] @ (c @ w)
+
+    assert f.constants == 2  # the closure and the module global, before any trace
+    f(jnp.ones(8))
+    assert len(traces) == 1
+
+
 def test_second_call_does_not_retrace():
     traces = []
     c = FrozenConst(unique_data((8, 8)))
@@ -157,11 +171,12 @@ def test_second_call_does_not_retrace():
 
 def test_constant_discovered_late_gives_correct_results():
     a = FrozenConst(np.full(4, 1.0, np.float32))
-    b = FrozenConst(np.full(4, 10.0, np.float32))
+    # Held in a dict, so not visible before tracing: found by the trace that reaches it.
+    tables = {"b": FrozenConst(np.full(4, 10.0, np.float32))}
 
     @frozenconst.jit
     def f(w):
-        return a * w if w.shape[0] == 4 and w.ndim == 1 else (b * w[0]).sum() + a.sum()
+        return a * w if w.shape[0] == 4 and w.ndim == 1 else (tables["b"] * w[0]).sum() + a.sum()
 
     np.testing.assert_array_equal(np.asarray(f(jnp.ones(4))), np.ones(4))
     assert f.constants == 1
