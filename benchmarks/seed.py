@@ -98,8 +98,13 @@ def measure(variant: str, layers: int, mib: float, steps: int = 5) -> dict[str, 
     first = time.perf_counter()
     fn(*args).block_until_ready()
     first_call_s = time.perf_counter() - first
+    # At least `steps` timed steps, more for fast steps (up to about half a
+    # second's worth, 41 at most): short steps need more samples for a stable median.
+    probe = time.perf_counter()
+    fn(*args).block_until_ready()
+    one = max(time.perf_counter() - probe, 1e-6)
     times = []
-    for _ in range(steps):
+    for _ in range(max(steps, min(41, int(0.5 / one)))):
         t = time.perf_counter()
         fn(*args).block_until_ready()
         times.append(time.perf_counter() - t)
