@@ -8,7 +8,7 @@ from conftest import SIMPLIFIED
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from benchmarks import seed  # noqa: E402
+from benchmarks import seed
 
 
 @pytest.fixture(scope="module")
