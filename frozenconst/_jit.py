@@ -105,10 +105,8 @@ def _filled(cell: Any) -> bool:
 class _Known:
     """The constants a `frozenconst.jit` function has met, and what it fed last.
 
-    Shared by the wrapper and its traced function. The traced function must not
-    hold the wrapper itself: JAX's C++ jit object is invisible to Python's
-    garbage collector, so a reference cycle through it would keep the wrapper,
-    and every constant buffer it holds, alive forever.
+    Shared by the wrapper (which feeds the constants) and its traced function
+    (which meets them), without the traced function holding the wrapper.
     """
 
     __slots__ = ("fast", "fed", "fed_key", "fed_stores", "lock", "sources")
