@@ -64,11 +64,6 @@ X64: Any = _setting("enable_x64", "jax_enable_x64")
 DEFAULT_DEVICE: Any = _setting("default_device", "jax_default_device")
 
 
-def x64_enabled() -> bool:
-    """Whether `jax_enable_x64` is on in this thread right now."""
-    return bool(X64.value)
-
-
 # `jax.core.eval_context()` makes primitives evaluate eagerly even while a trace
 # is active (inside `jit`, `grad`, `vmap`, `eval_shape`). `jax.device_put` under
 # a trace otherwise returns a tracer, and caching that would leak it.
