@@ -31,20 +31,46 @@ PIPELINES = {"default": None, "simplified": "1"}
 _KEEP_ALIVE: list[Any] = []
 
 
-def buffers_holding(data: Any) -> tuple[int, int]:
-    """(copies, bytes) of device buffers holding `data`, observed through jax.live_arrays()."""
+def buffers_holding(data: Any) -> tuple[int, int, int]:
+    """(arrays, copies, bytes) of live device arrays and distinct buffers holding `data`.
+
+    Observed through `jax.live_arrays()`: a copy is a distinct (device, buffer
+    pointer); several `jax.Array`s over one buffer are one copy.
+    """
     import jax
     import numpy as np
 
     gc.collect()
+    arrays = 0
     seen: dict[tuple[Any, int], int] = {}
     for arr in jax.live_arrays():
         if arr.is_deleted() or arr.shape != data.shape or arr.dtype != data.dtype:
             continue
         if np.array_equal(np.asarray(arr), data):
+            arrays += 1
             for shard in arr.addressable_shards:
                 seen[(shard.device, shard.data.unsafe_buffer_pointer())] = shard.data.nbytes
-    return len(seen), sum(seen.values())
+    return arrays, len(seen), sum(seen.values())
+
+
+def misaligned_copy(data: Any) -> Any:
+    """A copy of `data` at an address that is 16 but not 64 bytes aligned.
+
+    JAX's CPU backend aliases a 64-byte-aligned NumPy buffer instead of copying
+    it (jax #37830), so whether a raw NumPy constant's per-use device arrays
+    are copies or views of one host buffer would depend on where NumPy's
+    allocator happened to put it (about one run in four measured here: the
+    table then showed 1 copy instead of L). An accelerator always copies; a
+    buffer off the 64-byte grid makes the CPU do the same, every run.
+    """
+    import numpy as np
+
+    raw = np.empty(data.nbytes + 64, np.uint8)
+    start = (16 - raw.ctypes.data) % 64
+    out = raw[start : start + data.nbytes].view(data.dtype).reshape(data.shape)
+    np.copyto(out, data)
+    assert out.ctypes.data % 64 == 16
+    return out
 
 
 def measure(variant: str, layers: int, mib: float, steps: int = 5) -> dict[str, Any]:
@@ -67,7 +93,7 @@ def measure(variant: str, layers: int, mib: float, steps: int = 5) -> dict[str, 
         return sum(jnp.sum(const @ w) for w in ws)
 
     if variant == "numpy-closure":
-        const: Any = data.copy()
+        const: Any = misaligned_copy(data)
         # Kept alive for the whole worker: JAX's simplified pipeline caches the
         # device copies of a NumPy constant by the array's id, and a later job's
         # array reusing a freed id would find the earlier job's copies.
@@ -108,7 +134,7 @@ def measure(variant: str, layers: int, mib: float, steps: int = 5) -> dict[str, 
         t = time.perf_counter()
         fn(*args).block_until_ready()
         times.append(time.perf_counter() - t)
-    copies, device_bytes = buffers_holding(data)
+    arrays, copies, device_bytes = buffers_holding(data)
     return {
         "variant": variant,
         "layers": layers,
@@ -117,6 +143,7 @@ def measure(variant: str, layers: int, mib: float, steps: int = 5) -> dict[str, 
         "compile_s": compile_s,
         "first_call_s": first_call_s,
         "step_s": statistics.median(times),
+        "live_arrays": arrays,
         "live_copies": copies,
         "device_bytes": device_bytes,
         "const_bytes": data.nbytes,
