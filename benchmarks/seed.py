@@ -28,7 +28,6 @@ VARIANTS = {
     "frozenconst.jit": "FrozenConst, closed over, frozenconst.jit",
 }
 PIPELINES = {"default": None, "simplified": "1"}
-_KEEP_ALIVE: list[Any] = []
 
 
 def buffers_holding(data: Any) -> tuple[int, int, int]:
@@ -94,10 +93,6 @@ def measure(variant: str, layers: int, mib: float, steps: int = 5) -> dict[str, 
 
     if variant == "numpy-closure":
         const: Any = misaligned_copy(data)
-        # Kept alive for the whole worker: JAX's simplified pipeline caches the
-        # device copies of a NumPy constant by the array's id, and a later job's
-        # array reusing a freed id would find the earlier job's copies.
-        _KEEP_ALIVE.append(const)
         fn, args = jax.jit(lambda ws: model(const, ws)), (weights,)
     elif variant == "jnp.array-closure":
         const = jnp.array(data)

@@ -1,9 +1,7 @@
 """The seed scenario as `make demo` and the benchmark measure it, checked for behaviour (not time).
 
 Each pipeline runs in a fresh subprocess, as in the benchmark: JAX reads the
-pipeline at import, and its simplified pipeline caches the device copies of a
-NumPy constant across functions, so only a fresh process shows the copies one
-function makes.
+pipeline (`JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS`) when it is imported.
 """
 
 import pathlib
