@@ -75,3 +75,22 @@ def ab_ratio(
         "b_us": statistics.median(tb) * 1e6,
         "ratio": statistics.median(ratios),
     }
+
+
+def copy_at(data: Any, offset: int) -> Any:
+    """A copy of NumPy array `data` whose address is `offset` bytes past a 64-byte boundary.
+
+    JAX's CPU backend aliases a 64-byte-aligned NumPy buffer instead of copying
+    it (jax #37830). Where NumPy's allocator puts an array is luck (one run in
+    four gave an aligned 0.5 MiB array here), so a benchmark that hands JAX a
+    NumPy array picks the case: `offset=0` for JAX's zero-copy best case,
+    `offset=16` for the copy that an accelerator always makes.
+    """
+    import numpy as np
+
+    raw = np.empty(data.nbytes + 64, np.uint8)
+    start = (offset - raw.ctypes.data) % 64
+    out = raw[start : start + data.nbytes].view(data.dtype).reshape(data.shape)
+    np.copyto(out, data)
+    assert out.ctypes.data % 64 == offset % 64
+    return out

@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any
 
+from ._harness import copy_at
+
 VARIANTS = {
     "numpy-closure": "raw NumPy array, closed over, jax.jit",
     "jnp.array-closure": "jnp.array, closed over, jax.jit",
@@ -52,26 +54,6 @@ def buffers_holding(data: Any) -> tuple[int, int, int]:
     return arrays, len(seen), sum(seen.values())
 
 
-def misaligned_copy(data: Any) -> Any:
-    """A copy of `data` at an address that is 16 but not 64 bytes aligned.
-
-    JAX's CPU backend aliases a 64-byte-aligned NumPy buffer instead of copying
-    it (jax #37830), so whether a raw NumPy constant's per-use device arrays
-    are copies or views of one host buffer would depend on where NumPy's
-    allocator happened to put it (about one run in four measured here: the
-    table then showed 1 copy instead of L). An accelerator always copies; a
-    buffer off the 64-byte grid makes the CPU do the same, every run.
-    """
-    import numpy as np
-
-    raw = np.empty(data.nbytes + 64, np.uint8)
-    start = (16 - raw.ctypes.data) % 64
-    out = raw[start : start + data.nbytes].view(data.dtype).reshape(data.shape)
-    np.copyto(out, data)
-    assert out.ctypes.data % 64 == 16
-    return out
-
-
 def measure(variant: str, layers: int, mib: float, steps: int = 5) -> dict[str, Any]:
     """Build the scenario for one variant and measure it in this process."""
     import jax
@@ -92,7 +74,7 @@ def measure(variant: str, layers: int, mib: float, steps: int = 5) -> dict[str, 
         return sum(jnp.sum(const @ w) for w in ws)
 
     if variant == "numpy-closure":
-        const: Any = misaligned_copy(data)
+        const: Any = copy_at(data, 16)  # off the 64-byte grid: see copy_at
         fn, args = jax.jit(lambda ws: model(const, ws)), (weights,)
     elif variant == "jnp.array-closure":
         const = jnp.array(data)
