@@ -39,6 +39,22 @@ def live_copies(data: np.ndarray) -> int:
     return len(buffers)
 
 
+def assert_float32_close(actual, expected, magnitude, rtol=1e-5) -> None:
+    """`actual` equals `expected` up to the float32 rounding of sums of terms of `magnitude`.
+
+    `magnitude` is the sum of the terms' absolute values (`abs(a) @ abs(b)` for
+    `a @ b`).
+
+    XLA and NumPy sum in different orders. Where terms cancel, an entry can be
+    far smaller than its terms, and a tolerance relative to the entry alone
+    fails on rounding (it did in CI: 1.3e-5 relative on an entry of 0.022,
+    the sum of eight products of about 1). A wrong constant, a stale buffer or
+    a leaked tracer is off by the size of the terms, and still fails.
+    """
+    atol = rtol * float(np.max(np.abs(magnitude)))
+    np.testing.assert_allclose(np.asarray(actual), expected, rtol=rtol, atol=atol)
+
+
 def unique_data(shape=(64, 32), dtype=np.float32, seed=None) -> np.ndarray:
     """Random data unlikely to equal any other live array in the process."""
     rng = np.random.default_rng(seed)
