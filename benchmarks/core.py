@@ -36,11 +36,15 @@ def _construction_row(case: str, mib: int, data: Any, baseline: Any, ours: Any, 
     else:
         t_base = median_time(baseline, reps)
         t_ours = median_time(ours, reps)
+    return _row(case, mib, data.nbytes, t_base, t_ours)
+
+
+def _row(case: str, mib: int, nbytes: int, t_base: float, t_ours: float) -> dict[str, Any]:
     return {
         "case": case,
         "mib": mib,
-        "np_copy_gbs": data.nbytes / t_base / 1e9,
-        "frozenconst_gbs": data.nbytes / t_ours / 1e9,
+        "np_copy_gbs": nbytes / t_base / 1e9,
+        "frozenconst_gbs": nbytes / t_ours / 1e9,
         "ratio": t_base / t_ours,
         "seconds": t_ours,
     }
@@ -57,14 +61,7 @@ def _fresh_memory_row(mib: int, data: Any, reps: int) -> dict[str, Any]:
     t_ours = median_time(lambda: kept.append(FrozenConst(data)), reps)
     kept.clear()
     gc.collect()
-    return {
-        "case": "C-contiguous float32, results kept (fresh memory)",
-        "mib": mib,
-        "np_copy_gbs": data.nbytes / t_base / 1e9,
-        "frozenconst_gbs": data.nbytes / t_ours / 1e9,
-        "ratio": t_base / t_ours,
-        "seconds": t_ours,
-    }
+    return _row("C-contiguous float32, results kept (fresh memory)", mib, data.nbytes, t_base, t_ours)
 
 
 def construction(sizes_mib: list[int]) -> list[dict[str, Any]]:
