@@ -10,6 +10,7 @@ from ._cache import set_accounting as set_accounting
 from ._errors import CapturedNumpyConstantError as CapturedNumpyConstantError
 from ._errors import FrozenConstTypeError as FrozenConstTypeError
 from ._errors import FrozenConstValueError as FrozenConstValueError
+from ._errors import FrozenConstWarning as FrozenConstWarning
 from ._errors import TracedValueError as TracedValueError
 from ._frozen import FrozenConst as FrozenConst
 from ._guard import no_numpy_constants as no_numpy_constants

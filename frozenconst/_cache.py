@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import threading
 import types
 import weakref
@@ -16,6 +17,7 @@ from jax.sharding import Sharding, SingleDeviceSharding
 
 from ._compat import DEFAULT_DEVICE, X64, Device, eval_context
 from ._fingerprint import fingerprint
+from ._host import check_narrowing
 
 _K = TypeVar("_K")
 
@@ -88,6 +90,30 @@ class _Epoch:
 CACHE_EPOCH = _Epoch()
 
 
+class FedArrays:
+    """Base of what keeps device arrays it fed to a compiled function (`frozenconst.jit`),
+    so that an eviction reaches it: after `x.evict()` nothing frozenconst holds is
+    on the evicted buffers."""
+
+    __slots__ = ("__weakref__",)
+
+    def forget(self) -> None:
+        """Drop the arrays kept."""
+
+
+# Every live holder of fed arrays, held weakly.
+FED: weakref.WeakSet[FedArrays] = weakref.WeakSet()
+
+# Constants are numbered in order of creation: `frozenconst.jit` takes a number
+# when a trace starts, and a constant numbered above it was made by that trace.
+_SERIALS = itertools.count(1)
+
+
+def next_serial() -> int:
+    """A number above that of every constant made so far."""
+    return next(_SERIALS)
+
+
 def set_accounting(enabled: bool) -> None:
     """Count cache hits (the default), or not. Transfers and bytes are always accounted.
 
@@ -139,11 +165,13 @@ class Store:
         "by_setting",
         "hits",
         "host",
+        "serial",
         "transfers",
     )
 
     def __init__(self, host: np.ndarray[Any, Any]) -> None:
         self.host = host
+        self.serial = next_serial()
         self._lock = threading.Lock()
         self._fingerprint: str | None = None
         # Accounting (`frozenconst.stats()`): uses served from the cache, and
@@ -181,6 +209,7 @@ class Store:
         with self._lock:
             array = self._by_device.get((device, dtype))
             if array is None or array.is_deleted():
+                check_narrowing(self.host, dtype)  # x64 may have been switched off since construction
                 with eval_context():
                     # No `device` argument: the result stays uncommitted, like
                     # `jnp.asarray(np_array)`, so it combines with arrays on any
@@ -211,6 +240,7 @@ class Store:
         with self._lock:
             array = self._placed_by_dtype.get((sharding, dtype))
             if array is None or array.is_deleted():
+                check_narrowing(self.host, dtype)
                 with eval_context():
                     array = self._build(sharding, dtype)
                 self._placed_by_dtype[(sharding, dtype)] = array
@@ -248,6 +278,8 @@ class Store:
         """Forget device buffers: all of them, or those with `sharding` (and, for a
         single-device sharding, the default buffer on that device). The next use transfers again."""
         CACHE_EPOCH.value += 1
+        for holder in list(FED):
+            holder.forget()
         with self._lock:
             if sharding is None:
                 for table in (self.by_setting, self._by_device, self._placed, self._placed_by_dtype):

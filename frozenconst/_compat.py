@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
 import jax.core
+import jax.extend.backend
+import jax.extend.core
 from jax._src import config as _jax_config
 from jax.extend import source_info_util
 
@@ -72,19 +74,27 @@ DEFAULT_DEVICE: Any = _setting("default_device", "jax_default_device")
 eval_context: Callable[[], contextlib.AbstractContextManager[Any]] = jax.core.eval_context
 
 
-# Trace isolation for `frozenconst.jit`. While it traces, a FrozenConst
-# resolves to a parameter of the compiled program: a tracer. A nested
-# `jax.jit` (or `scan` body) that closes over the constant would cache its jaxpr
-# with that tracer inside, keyed by function and argument types only, and a
-# later trace would reuse it and leak the tracer; an inner function traced
-# before, outside, would be reused with the data embedded. JAX keys those caches
-# by the "trace context" too, so a config state of our own in that context,
-# set to a fresh value for each `frozenconst.jit` trace, keeps every inner
-# trace made there private to it (checked on jax 0.10.2 and 0.12.0.1).
-_epochs = itertools.count(1)
+# Trace contexts for `frozenconst.jit`. While it traces, a FrozenConst
+# resolves to a parameter of the compiled program: a tracer. JAX caches the
+# traces of inner functions (a nested `jax.jit`, a `scan` body) by function,
+# argument types and the "trace context", a tuple of config states. Two hazards:
+# an inner function traced before, outside, would be reused with the constant's
+# data embedded; and an inner function that met the constant inside one
+# `frozenconst.jit` trace holds that trace's tracer, which a later trace would
+# reuse and leak. A config state of our own in the trace context answers both:
+# every `frozenconst.jit` trace runs with it set to `SHARED` (never the value
+# outside, so nothing traced outside is reused), and a trace whose constants
+# reach an inner trace runs with a value of its own (`unique_trace_context`).
+# Only the second kind adds cache entries per trace: a fresh value for every
+# trace would grow JAX's caches with every function made and dropped (issue
+# #11). Built on `int_state(..., include_in_trace_context=True)`
+# (jax/_src/config.py, checked on jax 0.10.2 and 0.12.0.1); no public
+# alternative.
+SHARED = 1
+_unique = itertools.count(SHARED + 1)
 
 
-def _make_epoch_state() -> Any:
+def _make_context_state() -> Any:
     states: dict[str, Any] = _state("config_states") or {}
     existing = states.get("frozenconst_trace_epoch")
     if existing is not None:
@@ -103,30 +113,55 @@ def _make_epoch_state() -> Any:
         return None
 
 
-_epoch = _make_epoch_state()
-trace_isolation = _epoch is not None
+_context_state = _make_context_state()
+trace_isolation = _context_state is not None
 
 
-def isolated_trace() -> contextlib.AbstractContextManager[Any]:
-    """A context in which JAX's tracing caches see a trace context used nowhere else."""
-    if _epoch is None:  # pragma: no cover - newer JAX layouts
+def trace_context(value: int) -> contextlib.AbstractContextManager[Any]:
+    """A context in which JAX's tracing caches see `value` in the trace context."""
+    if _context_state is None:  # pragma: no cover - newer JAX layouts
         return contextlib.nullcontext()
-    cm: contextlib.AbstractContextManager[Any] = _epoch(next(_epochs))
+    cm: contextlib.AbstractContextManager[Any] = _context_state(value)
     return cm
 
 
-# The trace currently active in this thread. Without trace isolation,
-# `frozenconst.jit` compares it with the trace it started, to keep uses inside
-# nested traces concrete.
-def current_trace() -> object:
-    """An identity for the innermost active trace."""
-    try:
-        from jax._src.core import trace_ctx
+def unique_trace_context() -> int:
+    """A trace-context value used by no other trace."""
+    return next(_unique)
 
-        return trace_ctx.trace
-    except (ImportError, AttributeError):  # pragma: no cover - newer JAX layouts
-        # Unknown layout: every use counts as nested (see `_hoisting.resolve`).
-        return object()
+
+# The trace currently active in this thread, compared with `==`: a use of a
+# constant in a trace nested inside a `frozenconst.jit` trace (a `scan` body, an
+# inner `jax.jit`, `grad`) needs that trace isolated (see `_hoisting.resolve`).
+# Public: `jax.extend.core.get_opaque_trace_state` (checked on jax 0.10.2 and 0.12.0.1).
+def current_trace() -> object:
+    """An identity for the innermost active trace, comparable with `==`."""
+    return _opaque_trace_state()
+
+
+def _unknown_trace() -> object:  # pragma: no cover - a JAX without the public hook
+    # Every use then counts as nested: correct, at the cost of isolating
+    # (or, without isolation, embedding) every trace.
+    return object()
+
+
+_opaque_trace_state: Callable[[], object] = getattr(jax.extend.core, "get_opaque_trace_state", _unknown_trace)
+
+
+# `jax.clear_caches()` calls `cache_clear()` on every cache registered with
+# `jax.extend.backend.register_backend_cache` (public, an alias of
+# `jax._src.util.register_cache`; checked on jax 0.10.2 and 0.12.0.1).
+# `frozenconst.jit` registers its table of constants per static configuration
+# there, so that after `clear_caches()` it holds what `jax.jit` holds: nothing.
+# Without it, the table lives as long as the function (and so do constants
+# reached only through its static arguments).
+def on_clear_caches(cache: Any, what: str) -> bool:
+    """Have `jax.clear_caches()` call `cache.cache_clear()`; False if this JAX cannot."""
+    register = getattr(jax.extend.backend, "register_backend_cache", None)
+    if register is None:  # pragma: no cover - newer JAX layouts
+        return False
+    register(cache, what)
+    return True
 
 
 # Source locations JAX records (and shows in errors and `frozenconst.audit`)
@@ -135,3 +170,45 @@ def current_trace() -> object:
 source_info_util.register_exclusion(os.path.dirname(__file__) + os.sep)
 
 Tracer: type = jax.core.Tracer
+
+
+# --- no_numpy_constants: seeing each program JAX lowers (used by _guard.py) ---
+# Reason: the guard must see every constant of every program JAX compiles,
+# as data. JAX's captured-constants report (`jax_captured_constants_warn_bytes`)
+# is text and names only the five largest constants of a program
+# (`heapq.nlargest(5, ...)` in `mlir.check_jaxpr_constants`).
+# Public alternative: none that carries the program. `jax.monitoring`
+# listeners get an event name, a duration and str/int keywords; JAX's
+# `util.test_event("lower_jaxpr_to_module")` gets no arguments.
+# The hook: `jax._src.interpreters.mlir.lower_jaxpr_to_module(module_name,
+# jaxpr, *, ...)` lowers every top-level program: `jax.jit` (also nested, scan
+# bodies, `.lower()`, eager primitives) and `pmap` reach it from
+# `pxla._cached_lowering_to_hlo` as `mlir.lower_jaxpr_to_module` (jax 0.10.2:
+# mlir.py:1287, pxla.py:736; jax 0.12.0.1: mlir.py:1374, pxla.py:756), and
+# custom partitioners from `mlir.build_mlir_module_helper` by global name, so
+# replacing the module attribute reaches both. Its second argument is the whole
+# closed program: a `ClosedJaxpr` on 0.10.2, a `Jaxpr` carrying its `consts` on
+# 0.12.0.1; both keep a closed-over array as a const (default pipeline) or a
+# `Literal` (simplified pipeline), with nested programs in equation params.
+# Fallback: `LOWERING_HOOK` is None when the function is missing; the guard
+# then warns that it checks nothing (FrozenConstWarning) instead of passing.
+def _find_lowering_hook() -> tuple[Any, str] | None:
+    try:
+        from jax._src.interpreters import mlir
+    except ImportError:  # pragma: no cover - newer JAX layouts
+        return None
+    if not callable(getattr(mlir, "lower_jaxpr_to_module", None)):  # pragma: no cover - newer JAX
+        return None
+    return mlir, "lower_jaxpr_to_module"
+
+
+LOWERING_HOOK: tuple[Any, str] | None = _find_lowering_hook()
+
+
+def lowered_program(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The program in a call to the lowering hook (its `jaxpr` argument), or None."""
+    program = args[1] if len(args) > 1 else kwargs.get("jaxpr")
+    return program if hasattr(program, "eqns") or hasattr(program, "jaxpr") else None
+
+
+# --- end of no_numpy_constants block ---

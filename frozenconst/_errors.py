@@ -36,6 +36,20 @@ class CapturedNumpyConstantError(AssertionError):
     """
 
 
-for _cls in (FrozenConstTypeError, TracedValueError, FrozenConstValueError, CapturedNumpyConstantError):
+class FrozenConstWarning(UserWarning):
+    """Warns that frozenconst cannot do part of what was asked on this JAX version, and which part.
+
+    Example: [`no_numpy_constants`][frozenconst.no_numpy_constants] on a JAX
+    whose compilations it cannot see checks nothing, and says so.
+    """
+
+
+for _cls in (
+    FrozenConstTypeError,
+    TracedValueError,
+    FrozenConstValueError,
+    CapturedNumpyConstantError,
+    FrozenConstWarning,
+):
     _cls.__module__ = "frozenconst"
 del _cls

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 from numpy.typing import ArrayLike, DTypeLike
 
 from . import _hoisting
@@ -15,8 +17,8 @@ from ._cache import ACCOUNTING as _ACCOUNTING
 from ._cache import Placement, Store, owner_of
 from ._compat import DEFAULT_DEVICE as _DEFAULT_DEVICE
 from ._compat import X64 as _X64
-from ._errors import FrozenConstTypeError, FrozenConstValueError
-from ._host import freeze, to_numpy
+from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
+from ._host import as_dtype, freeze, frozen_copy, native, to_numpy
 from ._placement import Target, as_sharding
 from ._stats import ConstStats, const_stats
 
@@ -91,14 +93,17 @@ class FrozenConst(_StaticBase):
         if (
             isinstance(obj, FrozenConst)
             and obj._store is not None
-            and (dtype is None or np.dtype(dtype) == obj._store.host.dtype)
+            and (dtype is None or native(as_dtype(dtype)) == obj._store.host.dtype)
         ):
             store = obj._store
         else:
+            what = None
             if isinstance(obj, FrozenConst):
+                what = "the `FrozenConst` it received"
                 obj = obj._leaf if obj._store is None else obj._store.host
-            array = to_numpy(obj, dtype)
-            store = Store(freeze(array, None if dtype is None else np.dtype(dtype)))
+            # Validated (bad kinds, values the dtype cannot hold, integers JAX
+            # would wrap on the device under the current x64 setting), copied once.
+            store = Store(frozen_copy(obj, dtype, what))
         placement = None if sharding is None else as_sharding(sharding, store.host.shape)
         self._init(store, None, placement)
 
@@ -402,6 +407,18 @@ class FrozenConst(_StaticBase):
         """Bytes of the host data."""
         return self.size * self.dtype.itemsize
 
+    @property
+    def _committed(self) -> bool:
+        # JAX reads this private flag off its inputs (`getattr(x, "_committed",
+        # True)` in `lax.full_like`, behind `jnp.zeros_like` and friends), so it
+        # is that of the buffer `jnp.asarray(x)` gives: False for the default
+        # buffer, which follows `jax.default_device`; True for a declared
+        # placement. Where that buffer has none (a tracer inside a
+        # transformation), AttributeError, and JAX takes its default as it does
+        # for the tracer itself. docs/jax.md, "Attributes JAX reads off its inputs".
+        committed: bool = getattr(self.__jax_array__(), "_committed")  # noqa: B009 - not in jax.Array's stubs
+        return committed
+
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of unsized object")
@@ -453,10 +470,26 @@ class FrozenConst(_StaticBase):
     def __deepcopy__(self, memo: dict[int, Any]) -> FrozenConst:
         return self
 
-    def __reduce__(self) -> tuple[type[FrozenConst], tuple[np.ndarray[Any, Any]]]:
-        # The host data only: device buffers are recreated on first use after
-        # unpickling, and the unpickled copy is frozen again.
-        return (FrozenConst, (np.array(self._host()),))
+    def __reduce__(self) -> tuple[Callable[..., FrozenConst], tuple[Any, ...]]:
+        # The host data, and the declared placement described by device platform
+        # and id (JAX's devices, and so its shardings, do not pickle). Device
+        # buffers are recreated on first use after unpickling, and the unpickled
+        # copy is frozen again. The read-only host buffer itself is pickled: the
+        # unpickled array is the caller's, and `FrozenConst` copies it.
+        host = self._host()
+        if self._placement is None:
+            return (FrozenConst, (host,))
+        return (_unpickle_placed, (host, _placement_state(self._placement)))
+
+    def __format__(self, format_spec: str) -> str:
+        """`format(x, spec)` as `format(jnp.asarray(x), spec)`: `f"{x:.2f}"` formats the values.
+
+        An empty spec gives `str(x)` (`f"{x}"` shows a FrozenConst, as `f"{a}"`
+        equals `str(a)` for a `jax.Array`).
+        """
+        if not format_spec:
+            return str(self)
+        return format(self.__jax_array__(), format_spec)
 
     def __getattr__(self, name: str) -> Any:
         # Every other `jax.Array` attribute and method (`sum`, `reshape`, `T`,
@@ -473,6 +506,103 @@ class FrozenConst(_StaticBase):
     def __dir__(self) -> list[str]:
         names = set(super().__dir__()) | {n for n in dir(jax.Array) if not n.startswith("_")}
         return sorted(names - _REFUSED)
+
+
+# -- pickling a declared placement ------------------------------------------------
+# A placement travels as plain values: the kind of sharding, the devices by
+# platform and id, mesh shape, axis names and types, the PartitionSpec's entries
+# and the memory kind. Unpickling rebuilds it from the devices of that process;
+# where it cannot (no such device, another kind of sharding), it warns once and
+# the constant loads without a placement.
+
+
+_partition_spec: Callable[..., PartitionSpec] = PartitionSpec  # untyped constructor
+
+
+def _spec_state(spec: PartitionSpec) -> tuple[Any, ...] | None:
+    entries = tuple(spec)
+    simple = all(
+        e is None or isinstance(e, str) or (isinstance(e, tuple) and all(isinstance(a, str) for a in e))
+        for e in entries
+    )
+    if not simple or getattr(spec, "unreduced", None) or getattr(spec, "reduced", None):
+        return None
+    return entries
+
+
+def _placement_state(sharding: jax.sharding.Sharding) -> tuple[Any, ...]:
+    """A picklable description of `sharding` (built from ints and strings only)."""
+    if isinstance(sharding, SingleDeviceSharding):
+        device: Any
+        (device,) = sharding.device_set
+        return ("single", device.platform, device.id, sharding.memory_kind)
+    if isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, Mesh):
+        mesh = sharding.mesh
+        spec = _spec_state(sharding.spec)
+        devices: list[Any] = list(mesh.devices.flat)
+        if spec is not None and devices:
+            return (
+                "named",
+                devices[0].platform,
+                tuple(mesh.devices.shape),
+                tuple(d.id for d in devices),
+                tuple(mesh.axis_names),
+                tuple(t.name for t in mesh.axis_types),
+                spec,
+                sharding.memory_kind,
+            )
+    return ("unsupported", str(sharding))
+
+
+def _find_device(platform: str, device_id: int) -> Any:
+    try:
+        devices = jax.devices(platform)
+    except RuntimeError as err:
+        raise LookupError(f"this process has no {platform} devices ({err})") from err
+    for device in devices:
+        if device.id == device_id:
+            return device
+    raise LookupError(f"this process has no {platform} device with id {device_id} ({len(devices)} in all)")
+
+
+def _rebuild_placement(state: tuple[Any, ...]) -> jax.sharding.Sharding:
+    if state[0] == "single":
+        _, platform, device_id, memory_kind = state
+        return SingleDeviceSharding(_find_device(platform, device_id), memory_kind=memory_kind)
+    if state[0] == "named":
+        _, platform, shape, ids, axis_names, axis_types, spec, memory_kind = state
+        devices = np.empty(len(ids), dtype=object)
+        for i, device_id in enumerate(ids):
+            devices[i] = _find_device(platform, device_id)
+        mesh = Mesh(
+            devices.reshape(shape),
+            axis_names,
+            axis_types=tuple(jax.sharding.AxisType[name] for name in axis_types),
+        )
+        return NamedSharding(mesh, _partition_spec(*spec), memory_kind=memory_kind)
+    raise LookupError(f"frozenconst cannot carry a placement of this kind through pickle ({state[1]})")
+
+
+def _unpickle_placed(host: np.ndarray[Any, Any], state: tuple[Any, ...]) -> FrozenConst:
+    """Unpickle a constant with its placement, or, where it cannot be rebuilt here, without."""
+    try:
+        sharding = as_sharding(_rebuild_placement(state), host.shape)
+    except Exception as err:  # any failure to rebuild: JAX raises several kinds
+        warnings.warn(
+            f"Unpickled a FrozenConst without its declared placement: {err}. It now follows "
+            "`jax.default_device`; give it a placement with `x.placed(...)`.",
+            FrozenConstWarning,
+            stacklevel=2,
+        )
+        return FrozenConst(host)
+    return FrozenConst(host, sharding=sharding)
+
+
+def adopt_host(host: np.ndarray[Any, Any]) -> FrozenConst:
+    """A constant over `host`, a buffer `frozen_copy` made: no further copy."""
+    handle = object.__new__(FrozenConst)
+    handle._init(Store(host), None)  # pyright: ignore[reportPrivateUsage] - its own class's initializer
+    return handle
 
 
 def _human(nbytes: int) -> str:

@@ -7,29 +7,37 @@ zeros of its type for the rest of that trace; the trace is then thrown away and
 redone with every constant it met as a parameter, before anything is lowered
 or compiled. One extra trace finds them all.
 
-Each trace runs in a trace context of its own (`_compat.isolated_trace`), so
-inner functions traced during it (a nested `jax.jit`, a `scan` body) are
-cached for that trace alone and never reused with a stale tracer or a concrete
-buffer. On a JAX without that hook, uses inside nested traces stay concrete
-buffers (correct, embedded by JAX's default pipeline).
+A constant made while the trace runs belongs to that trace: it resolves to its
+device buffer, which JAX treats as any `jax.Array` made inside a traced
+function, and nothing outlives the trace.
+
+A constant used inside a trace nested in ours (a `scan` body, an inner
+`jax.jit`, `grad`) would leave our tracer in JAX's cache of that inner trace.
+The first such use stops the trace (before JAX caches anything), and the
+function is traced again, and from then on always, in a trace context of its
+own (`_compat.trace_context`). On a JAX without that hook, such uses stay
+concrete buffers (correct, embedded by JAX's default pipeline).
 
 The frames are per thread: JAX traces on the calling thread.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
+import warnings
 from typing import Any, TypeAlias
 
 import jax
 from jax.sharding import Sharding
 
-from ._cache import Store
+from ._cache import Store, next_serial
 from ._compat import current_trace, trace_isolation
+from ._errors import FrozenConstWarning
 
 
 class Rediscover(Exception):
-    """Internal: the trace met constants it did not know, so it is redone with them as parameters."""
+    """Internal: the trace is redone, with the constants it met as parameters, or isolated."""
 
 
 # A constant as frozenconst.jit passes it: its store, and its declared placement
@@ -43,15 +51,38 @@ def source_array(source: Source) -> jax.Array:
     return store.default_array() if placement is None else store.placed(placement)
 
 
+# How a constant used inside a trace nested in a `frozenconst.jit` trace resolves:
+STOP = "stop"  # the trace is not isolated: stop it, to be redone isolated
+PARAMETER = "parameter"  # the trace is isolated: the parameter, closed over by the inner trace
+BUFFER = "buffer"  # JAX refused that: the device buffer, as `jax.jit` would capture it
+
+
 class Frame:
-    """One `frozenconst.jit` trace in progress."""
+    """One `frozenconst.jit` trace in progress.
 
-    __slots__ = ("known", "pending", "trace")
+    Attributes:
+        known: each known constant's parameter in this trace.
+        inner: how a constant used inside a nested trace resolves (`STOP`,
+            `PARAMETER` or `BUFFER`).
+        pending: constants met for the first time, to be parameters next time.
+        nested: the constants used inside nested traces.
+    """
 
-    def __init__(self, known: dict[Source, Any]) -> None:
+    __slots__ = ("inner", "known", "nested", "pending", "serial", "trace")
+
+    def __init__(self, known: dict[Source, Any], inner: str) -> None:
         self.known = known
+        self.inner = inner
         self.pending: list[Source] = []
+        self.nested: list[Source] = []
         self.trace = current_trace()
+        # Constants numbered above this were made during the trace.
+        self.serial = next_serial()
+
+    @property
+    def redo(self) -> bool:
+        """Whether this trace must be thrown away and done again."""
+        return bool(self.pending) or (self.inner == STOP and bool(self.nested))
 
 
 class _Scope(threading.local):
@@ -87,14 +118,36 @@ def resolve(store: Store, placement: Sharding | None) -> jax.Array:
     """The value a constant stands for in the innermost `frozenconst.jit` trace."""
     frame = scope.frames[-1]
     source = (store, placement)
-    if not trace_isolation and current_trace() is not frame.trace:
-        return source_array(source)
+    if store.serial > frame.serial:
+        return source_array(source)  # made by this trace: one of its own constants
+    if current_trace() != frame.trace:
+        if source not in frame.nested:
+            frame.nested.append(source)
+        if frame.inner == STOP:
+            raise Rediscover  # stops the nested trace before JAX caches it
+        if frame.inner == BUFFER:
+            if not trace_isolation:
+                _warn_embedded_once()
+            return source_array(source)
     value = frame.known.get(source)
     if value is not None:
         return value  # type: ignore[no-any-return]
     if source not in frame.pending:
         frame.pending.append(source)
     return placeholder(store)
+
+
+@functools.cache
+def _warn_embedded_once() -> None:
+    warnings.warn(
+        "frozenconst.jit cannot isolate traces on this JAX (no trace-context config states), "
+        "so a FrozenConst used inside a nested trace (a `scan` body, an inner `jax.jit`, `grad`) "
+        "is captured as its device buffer, which JAX's default constant pipeline embeds in the "
+        "compiled program. Results are correct. Pass the constant to the inner function as an "
+        "argument to keep it out of the program.",
+        FrozenConstWarning,
+        stacklevel=4,
+    )
 
 
 def placeholder(store: Store) -> jax.Array:

@@ -5,12 +5,10 @@ from __future__ import annotations
 import threading
 import weakref
 
-import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
-from ._fingerprint import fingerprint
-from ._frozen import FrozenConst
-from ._host import native, to_numpy
+from ._frozen import FrozenConst, adopt_host
+from ._host import as_dtype, frozen_copy, native
 
 _TABLE: weakref.WeakValueDictionary[str, FrozenConst] = weakref.WeakValueDictionary()
 _LOCK = threading.Lock()
@@ -24,9 +22,18 @@ def intern(obj: ArrayLike | FrozenConst, dtype: DTypeLike | None = None) -> Froz
     keeps a constant alive. Content is compared by dtype, shape and bytes
     ([`FrozenConst.fingerprint`][frozenconst.FrozenConst.fingerprint]).
 
+    The content is hashed from the frozen copy, never from the caller's array:
+    a thread writing that array meanwhile cannot make a constant's key describe
+    other bytes than its own. So every call copies once, as `FrozenConst` does
+    (a non-contiguous or byte-swapped input too, only once); on a hit the copy
+    is dropped and the live constant returned.
+
     Arguments:
         obj: anything `FrozenConst` accepts.
         dtype: as for `FrozenConst`.
+
+    Raises:
+        FrozenConstTypeError, FrozenConstValueError: as `FrozenConst` does.
 
     Example:
         >>> import numpy as np, frozenconst
@@ -35,25 +42,19 @@ def intern(obj: ArrayLike | FrozenConst, dtype: DTypeLike | None = None) -> Froz
         >>> a is b
         True
     """
-    if isinstance(obj, FrozenConst) and obj.is_concrete and (dtype is None or np.dtype(dtype) == obj.dtype):
+    if (
+        isinstance(obj, FrozenConst)
+        and obj.is_concrete
+        and (dtype is None or native(as_dtype(dtype)) == obj.dtype)
+    ):
         key = obj.fingerprint
         with _LOCK:
             found = _TABLE.get(key)
             if found is None:
                 _TABLE[key] = found = obj
             return found
-    array = to_numpy(obj, dtype)
-    if dtype is not None:
-        array = array.astype(native(np.dtype(dtype)), copy=False)
-    elif not array.dtype.isnative:
-        array = array.astype(native(array.dtype))
-    key = fingerprint(array)  # hashed before copying: a hit costs no copy
-    with _LOCK:
-        found = _TABLE.get(key)
-        if found is not None:
-            return found
-    made = FrozenConst(array)
-    made._store._fingerprint = key  # type: ignore[union-attr]  # the same bytes
+    made = adopt_host(frozen_copy(obj, dtype))
+    key = made.fingerprint  # of the frozen copy: the constant's own bytes, hashed once
     with _LOCK:
         # Another thread may have interned the same content meanwhile: keep one.
         found = _TABLE.get(key)

@@ -12,17 +12,40 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 import threading
+import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from . import _hoisting
-from ._cache import ACCOUNTING, CACHE_EPOCH, Store
-from ._compat import DEFAULT_DEVICE, X64, isolated_trace
-from ._hoisting import Frame, Rediscover, Source, array_for, enter, leave, scope, source_array
+from ._cache import ACCOUNTING, CACHE_EPOCH, FED, FedArrays, Store
+from ._compat import (
+    DEFAULT_DEVICE,
+    SHARED,
+    X64,
+    on_clear_caches,
+    trace_context,
+    trace_isolation,
+    unique_trace_context,
+)
+from ._errors import FrozenConstWarning
+from ._hoisting import (
+    BUFFER,
+    PARAMETER,
+    STOP,
+    Frame,
+    Rediscover,
+    Source,
+    array_for,
+    enter,
+    leave,
+    scope,
+    source_array,
+)
 from ._placement import mesh_of
 
 # A trace meets at most this many new constants per retrace round; each round
@@ -102,26 +125,32 @@ def _filled(cell: Any) -> bool:
     return True
 
 
-class _Known:
-    """The constants a `frozenconst.jit` function has met, and what it fed last.
+class _Group(FedArrays):
+    """The constants met by the traces of one static configuration, and the arrays fed last.
 
-    Shared by the wrapper (which feeds the constants) and its traced function
-    (which meets them), without the traced function holding the wrapper.
+    Each constant is a parameter of those traces, in this order. The list only
+    grows, so a trace in progress in another thread still finds its prefix.
     """
 
-    __slots__ = ("fast", "fed", "fed_key", "fed_stores", "lock", "sources")
+    __slots__ = ("fast", "fed", "fed_device", "fed_epoch", "fed_stores", "fed_x64", "lock", "sources")
 
-    def __init__(self) -> None:
+    def __init__(self, sources: list[Source]) -> None:
         self.sources: list[Source] = []
         self.lock = threading.Lock()
         # The stores fed their default buffers (None: some are fed otherwise).
         self.fast: list[Store] | None = []
-        # The arrays fed last, the settings they were fed under, their stores.
-        self.fed: tuple[jax.Array, ...] = ()
-        self.fed_key: tuple[Any, ...] | None = None
+        # The arrays fed last (None: feed afresh), the settings they were fed
+        # under, and their stores (whose hits a reuse counts).
+        self.fed: tuple[jax.Array, ...] | None = None
+        self.fed_device: Any = None
+        self.fed_x64: Any = None
+        self.fed_epoch = -1
         self.fed_stores: tuple[Store, ...] = ()
+        if sources:
+            self.add(sources)
 
     def add(self, pending: list[Source]) -> None:
+        """Make `pending` parameters of the traces to come."""
         with self.lock:
             self.sources.extend(s for s in pending if s not in self.sources)
             # Every constant is fed its default buffer when none declares a
@@ -130,7 +159,137 @@ class _Known:
                 self.fast = [store for store, _ in self.sources]
             else:
                 self.fast = None
-            self.fed_key = None
+            self.fed = None
+
+    def feed(self, args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
+        """The arrays to pass for a call with these arguments, kept for the next call where reusable."""
+        device, x64, epoch = DEFAULT_DEVICE.value, X64.value, CACHE_EPOCH.value
+        consts = _feed(self.sources, args, kwargs)
+        fast = self.fast
+        if fast is not None and len(fast) == len(consts) and not _hoisting.active:
+            self.fed_device, self.fed_x64, self.fed_epoch = device, x64, epoch
+            self.fed_stores = tuple(fast)
+            self.fed = consts
+            FED.add(self)
+        return consts
+
+    def forget(self) -> None:
+        """Drop the arrays fed last (an eviction, or the end of this group)."""
+        self.fed = None
+
+
+class _Argnums(NamedTuple):
+    """Where some of a call's arguments are (the static ones, the donated ones): positions and
+    keyword names, as `jax.jit` infers them."""
+
+    argnums: tuple[int, ...]
+    argnames: tuple[str, ...]
+    # These arguments of a call made without keywords (the common case, one
+    # C call), as a tuple.
+    positional: Callable[[tuple[Any, ...]], Any]
+
+    @classmethod
+    def of(cls, fun: Callable[..., Any], jit_kwargs: dict[str, Any], kind: str) -> _Argnums | None:
+        """The `kind` (`"static"`, `"donate"`) arguments, from `jit_kwargs`; None if there are none."""
+        nums, names = jit_kwargs.get(f"{kind}_argnums"), jit_kwargs.get(f"{kind}_argnames")
+        if nums is None and names is None:
+            return None
+        argnums = (nums,) if isinstance(nums, int) else tuple(nums or ())
+        argnames = (names,) if isinstance(names, str) else tuple(names or ())
+        try:
+            parameters = list(inspect.signature(fun).parameters.values())
+        except (TypeError, ValueError):
+            parameters = []
+        # As `jax.jit` does (`api_util.infer_argnums_and_argnames`): given only
+        # positions, the names of those positions are static too, and the other way round.
+        either = [(i, p.name) for i, p in enumerate(parameters) if p.kind is p.POSITIONAL_OR_KEYWORD]
+        if nums is None:
+            argnums = tuple(i for i, name in either if name in argnames)
+        elif names is None:
+            argnames = tuple(name for i, name in either if i in argnums)
+        return cls(argnums, argnames, _getter(argnums))
+
+    def pick(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """These arguments of a call (for the static ones: what tells a configuration from another)."""
+        if not kwargs:
+            try:
+                return self.positional(args)
+            except IndexError:
+                pass
+        n = len(args)
+        return (
+            tuple([args[i] for i in self.argnums if -n <= i < n]),
+            tuple([(name, kwargs[name]) for name in self.argnames if name in kwargs]),
+        )
+
+
+def _getter(indices: tuple[int, ...]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    if not indices:
+        return lambda _: ()
+    get = operator.itemgetter(*indices)
+    return (lambda args: (get(args),)) if len(indices) == 1 else get
+
+
+# The group of calls whose static arguments cannot be hashed (`jax.jit` refuses
+# them with its own error, which the call then raises).
+_UNHASHABLE = object()
+
+
+class _Constants:
+    """What a `frozenconst.jit` function knows of its constants: a `_Group` per static configuration.
+
+    Shared by the wrapper (which feeds the constants) and its traced function
+    (which meets them), without the traced function holding the wrapper.
+    `jax.clear_caches()` empties it, as it empties `jax.jit`'s executables, so
+    a constant reached only through a static argument is freed with them.
+    """
+
+    def __init__(self, fun: Callable[..., Any], static: _Argnums | None) -> None:
+        self._fun = fun
+        self._lock = threading.Lock()
+        self.static = static
+        self.groups: dict[Any, _Group] = {}
+        # The group of a function without static arguments, read by every call.
+        self.single: _Group | None = None
+        # How a constant used inside a nested trace resolves (see `_hoisting`):
+        # first `STOP` (the trace is redone isolated), then `PARAMETER`, and
+        # `BUFFER` where JAX refused the program with the parameter.
+        self.inner = STOP if trace_isolation else BUFFER
+        # Why JAX refused the program with a parameter in a nested trace, until warned.
+        self.refusal: Exception | None = None
+        on_clear_caches(self, "frozenconst.jit constants")
+
+    def group(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Group:
+        """The group for a call with these arguments (made on first need)."""
+        key = () if self.static is None else self.static.pick(args, kwargs)
+        try:
+            found = self.groups.get(key)
+        except TypeError:
+            key, found = _UNHASHABLE, self.groups.get(_UNHASHABLE)
+        if found is None:
+            with self._lock:
+                found = self.groups.get(key)
+                if found is None:
+                    # Constants visible without tracing (closed over, or module
+                    # globals the code names) are parameters from the first
+                    # trace on, which saves that trace's redo; anything else is
+                    # found by tracing.
+                    found = self.groups[key] = _Group(_visible_constants(self._fun))
+                    if self.static is None:
+                        self.single = found
+        return found
+
+    def cache_clear(self) -> None:
+        """Forget every group (called by `jax.clear_caches()`)."""
+        with self._lock:
+            for group in self.groups.values():
+                group.forget()
+            self.groups.clear()
+            self.single = None
+
+    def cache_info(self) -> int:
+        """How many static configurations are known (for JAX's cache listings)."""
+        return len(self.groups)
 
 
 class JitWrapped:
@@ -138,13 +297,13 @@ class JitWrapped:
 
     def __init__(self, fun: Callable[..., Any], jit_kwargs: dict[str, Any]) -> None:
         self._fun = fun
-        self._known = _Known()
-        # Constants visible without tracing (closed over, or module globals the
-        # code names) are parameters from the first trace on, which saves that
-        # trace's redo; anything else is found by tracing.
-        found = _visible_constants(fun)
-        if found:
-            self._known.add(found)
+        self._constants = _Constants(fun, _Argnums.of(fun, jit_kwargs, "static"))
+        self._donated = _Argnums.of(fun, jit_kwargs, "donate")
+        # Whether a call donated a buffer also fed as a constant (then every
+        # call checks, and feeds a copy of such a constant instead).
+        self._donation_clash = False
+        if self._constants.static is None:
+            self._constants.group((), {})  # the visible constants, before any trace
         kwargs = dict(jit_kwargs)
         for name in ("static_argnums", "donate_argnums"):
             if name in kwargs:
@@ -152,44 +311,14 @@ class JitWrapped:
         in_shardings = kwargs.get("in_shardings")
         if isinstance(in_shardings, (tuple, list)):
             kwargs["in_shardings"] = (None, *in_shardings)
-        self._jitted = jax.jit(self._make_traced(), **kwargs)
+        self._jitted = jax.jit(_make_traced(fun, self._constants), **kwargs)
         functools.update_wrapper(self, fun)
 
-    def _make_traced(self) -> Callable[..., Any]:
-        fun, known = self._fun, self._known
-
-        def traced(consts: tuple[Any, ...], /, *args: Any, **kwargs: Any) -> Any:
-            frame = Frame(dict(zip(known.sources, consts, strict=False)))
-            enter(frame)
-            try:
-                with isolated_trace():
-                    out = fun(*args, **kwargs)
-            finally:
-                leave()
-                if frame.pending:
-                    known.add(frame.pending)
-            if frame.pending:
-                raise Rediscover
-            return out
-
-        try:
-            signature = inspect.signature(fun)
-        except (TypeError, ValueError):
-            signature = None
-        if signature is not None:
-            # jax.jit maps `static_argnames`/`donate_argnames` to positions through
-            # the signature, so give it the user's, behind the constants.
-            consts = inspect.Parameter("_frozenconst_consts", inspect.Parameter.POSITIONAL_ONLY)
-            params = list(signature.parameters.values())
-            traced.__signature__ = signature.replace(parameters=[consts, *params])  # type: ignore[attr-defined]
-        traced.__name__ = getattr(fun, "__name__", "traced")
-        traced.__qualname__ = getattr(fun, "__qualname__", traced.__name__)
-        return traced
-
-    def _retrying(self, step: Callable[[tuple[jax.Array, ...]], Any], args: Any, kwargs: Any) -> Any:
+    def _retrying(self, step: Callable[[_Group, tuple[jax.Array, ...]], Any], args: Any, kwargs: Any) -> Any:
         for _ in range(_MAX_ROUNDS):
+            group = self._constants.group(args, kwargs)
             try:
-                return step(_feed(self._known.sources, args, kwargs))
+                return step(group, group.feed(args, kwargs))
             except Rediscover:
                 continue
         raise RuntimeError(  # pragma: no cover - needs 64 rounds of new constants
@@ -197,49 +326,61 @@ class JitWrapped:
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # The hot path: the constants' arrays from the last call, while no
-        # device cache changed (`CACHE_EPOCH`) and the default device and x64
-        # setting are the same. A buffer deleted since (donated elsewhere) makes
-        # the call fail before it runs; it is then fed afresh and retried.
-        known = self._known
-        fed = known.fed_key
+        # The hot path: the arrays fed last time for this static configuration,
+        # while no device cache changed (`CACHE_EPOCH`) and the default device
+        # and x64 setting are the same. A buffer deleted since (donated
+        # elsewhere) makes the call fail before it runs; it is then fed afresh.
+        constants = self._constants
+        group = constants.single or constants.group(args, kwargs)
+        consts = group.fed
         if (
-            fed is not None
-            and CACHE_EPOCH.value == fed[2]
-            and DEFAULT_DEVICE.value is fed[0]
-            and X64.value is fed[1]
+            consts is not None
+            and CACHE_EPOCH.value == group.fed_epoch
+            and DEFAULT_DEVICE.value is group.fed_device
+            and X64.value is group.fed_x64
             and not _hoisting.active
         ):
-            consts = known.fed
             if ACCOUNTING.enabled:
-                for store in known.fed_stores:
+                for store in group.fed_stores:
                     store.hits += 1
         else:
-            key = (DEFAULT_DEVICE.value, X64.value, CACHE_EPOCH.value)
-            consts = self._feed(key, args, kwargs)
+            consts = group.feed(args, kwargs)
+        if self._donation_clash:
+            consts = self._not_donated(consts, args, kwargs)
         try:
             return self._jitted(consts, *args, **kwargs)
         except Rediscover:
-            return self._retrying(lambda c: self._jitted(c, *args, **kwargs), args, kwargs)
+            return self._retrying(lambda _, c: self._jitted(c, *args, **kwargs), args, kwargs)
         except RuntimeError:
-            if not any(a.is_deleted() for a in consts):
+            # XLA refuses a call before running it when a fed buffer was
+            # deleted since (donated elsewhere), or is donated by this very call.
+            if any(a.is_deleted() for a in consts):
+                group.forget()
+                return self._jitted(group.feed(args, kwargs), *args, **kwargs)
+            unclashed = self._not_donated(consts, args, kwargs)
+            if unclashed is consts:
                 raise
-            known.fed_key = None
-            key = (DEFAULT_DEVICE.value, X64.value, CACHE_EPOCH.value)
-            return self._jitted(self._feed(key, args, kwargs), *args, **kwargs)
+            self._donation_clash = True
+            return self._jitted(unclashed, *args, **kwargs)
 
-    def _feed(self, key: tuple[Any, ...], args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
-        known = self._known
-        consts = _feed(known.sources, args, kwargs)
-        if known.fast is not None and not _hoisting.active:
-            # Reusable by later calls: the default buffers, for these settings.
-            known.fed, known.fed_key, known.fed_stores = consts, key, tuple(known.fast)
-        return consts
+    def _not_donated(self, consts: tuple[jax.Array, ...], args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
+        """`consts`, with a copy of each that this call also donates (`consts` itself if none)."""
+        if self._donated is None:
+            return consts
+        donated = {id(leaf) for leaf in jax.tree_util.tree_leaves(self._donated.pick(args, kwargs))}
+        if not any(id(c) in donated for c in consts):
+            return consts
+        # What jax.jit does with such a constant: the program reads a copy of
+        # the data (embedded, or hoisted), never the donated buffer.
+        return tuple(
+            jax.device_put(c, c.sharding if c.committed else None, may_alias=False) if id(c) in donated else c
+            for c in consts
+        )
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Like `jax.jit(f).lower`: the constants are parameters of the lowered program."""
         lowered: Lowered = self._retrying(
-            lambda c: Lowered(self._jitted.lower(c, *args, **kwargs), self._known.sources[: len(c)]),
+            lambda g, c: Lowered(self._jitted.lower(c, *args, **kwargs), g.sources[: len(c)]),
             args,
             kwargs,
         )
@@ -248,7 +389,7 @@ class JitWrapped:
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
         """Like `jax.jit(f).trace`: the constants are parameters of the traced program."""
         traced: Traced = self._retrying(
-            lambda c: Traced(self._jitted.trace(c, *args, **kwargs), self._known.sources[: len(c)]),
+            lambda g, c: Traced(self._jitted.trace(c, *args, **kwargs), g.sources[: len(c)]),
             args,
             kwargs,
         )
@@ -256,8 +397,11 @@ class JitWrapped:
 
     @property
     def constants(self) -> int:
-        """How many FrozenConsts this function has met so far (each is one parameter)."""
-        return len(self._known.sources)
+        """How many FrozenConsts this function passes as parameters, over its static configurations."""
+        seen: list[Source] = []
+        for group in list(self._constants.groups.values()):
+            seen.extend(s for s in group.sources if s not in seen)
+        return len(seen)
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
@@ -269,6 +413,69 @@ class JitWrapped:
         if name.startswith("__"):
             raise AttributeError(name)
         return getattr(self._jitted, name)
+
+
+def _warn_refused(sources: list[Source], err: Exception) -> None:
+    names = ", ".join(f"FrozenConst {s.host.dtype}{list(s.host.shape)}" for s, _ in sources)
+    reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    warnings.warn(
+        f"frozenconst.jit: JAX refused this program with {names} as a parameter used inside a "
+        f"nested trace ({type(err).__name__}: {reason}). It is captured there as jax.jit would "
+        "capture it: its device buffer, embedded in the program by JAX's default constant "
+        "pipeline. Pass it to the inner function as an argument to keep it out.",
+        FrozenConstWarning,
+        stacklevel=4,
+    )
+
+
+def _make_traced(fun: Callable[..., Any], constants: _Constants) -> Callable[..., Any]:
+    """The function `jax.jit` traces: the constants as its first parameter, then `fun`'s."""
+
+    def traced(consts: tuple[Any, ...], /, *args: Any, **kwargs: Any) -> Any:
+        group = constants.group(args, kwargs)
+        frame = Frame(dict(zip(group.sources, consts, strict=False)), constants.inner)
+        context = SHARED if frame.inner == STOP else unique_trace_context()
+        enter(frame)
+        try:
+            with trace_context(context):
+                out = fun(*args, **kwargs)
+        except Exception as err:
+            if frame.inner == STOP and frame.nested:
+                out = None  # the nested trace was stopped: redone isolated, below
+            elif frame.inner == PARAMETER and frame.nested and not frame.pending:
+                # JAX may refuse a parameter closed over by an inner trace
+                # (`shard_map` over `Explicit` mesh axes refuses closed-over
+                # sharded inputs): give those constants what jax.jit would.
+                constants.inner, constants.refusal = BUFFER, err
+                raise Rediscover from err
+            else:
+                raise
+        finally:
+            leave()
+            if frame.pending:
+                group.add(frame.pending)
+            if frame.inner == STOP and frame.nested:
+                constants.inner = PARAMETER
+        if frame.redo:
+            raise Rediscover
+        if frame.inner == BUFFER and frame.nested and constants.refusal is not None:
+            _warn_refused(frame.nested, constants.refusal)
+            constants.refusal = None
+        return out
+
+    try:
+        signature = inspect.signature(fun)
+    except (TypeError, ValueError):
+        signature = None
+    if signature is not None:
+        # jax.jit maps `static_argnames`/`donate_argnames` to positions through
+        # the signature, so give it the user's, behind the constants.
+        consts = inspect.Parameter("_frozenconst_consts", inspect.Parameter.POSITIONAL_ONLY)
+        params = list(signature.parameters.values())
+        traced.__signature__ = signature.replace(parameters=[consts, *params])  # type: ignore[attr-defined]
+    traced.__name__ = getattr(fun, "__name__", "traced")
+    traced.__qualname__ = getattr(fun, "__qualname__", traced.__name__)
+    return traced
 
 
 class _Stage:

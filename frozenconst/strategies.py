@@ -35,6 +35,7 @@ import ml_dtypes
 import numpy as np
 from numpy.typing import DTypeLike
 
+from ._compat import X64
 from ._frozen import FrozenConst
 from ._host import SUPPORTED_DTYPES
 
@@ -77,6 +78,11 @@ def _is_numpy_builtin(dtype: np.dtype[Any]) -> bool:
 
 def _elements(dtype: np.dtype[Any], allow_nan: bool) -> st.SearchStrategy[Any]:
     if _is_numpy_builtin(dtype):
+        if dtype.kind in "iu" and dtype.itemsize == 8 and not X64.value:
+            # Without x64 JAX holds 64-bit integers in 32 bits, and FrozenConst
+            # refuses values it would wrap: draw from the range it holds.
+            narrow = np.iinfo(np.int32 if dtype.kind == "i" else np.uint32)
+            return hnp.from_dtype(dtype, min_value=int(narrow.min), max_value=int(narrow.max))
         return hnp.from_dtype(dtype, allow_nan=allow_nan, allow_infinity=allow_nan)
     # ml_dtypes types: draw in a wider NumPy type, then round into the narrow one.
     try:

@@ -171,3 +171,21 @@ def test_declared_sharding_is_used_everywhere():
     assert jax.tree_util.tree_leaves(compiled.input_shardings)[0].is_equivalent_to(sharding, 2)
     # Only the sharded placement exists: every use got it.
     assert [p.sharding for p in x.placements] == [sharding]
+
+
+def test_shard_map_over_explicit_axes_runs_as_under_jax_jit():
+    # JAX refuses a closed-over input sharded on `Explicit` mesh axes inside
+    # shard_map; jax.jit captures the constant and runs. frozenconst.jit gives
+    # the constant what jax.jit would, once, with a warning naming it and why.
+    from jax.sharding import AxisType
+
+    mesh = jax.make_mesh((4,), ("x",), axis_types=(AxisType.Explicit,))
+    data = _data(8, 8, seed=5)
+    w = FrozenConst(data)
+    x = jax.device_put(jnp.asarray(_data(8, 8, seed=6)), NamedSharding(mesh, P("x")))
+    body = jax.shard_map(lambda a: a @ w, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    expected = np.asarray(jax.jit(body)(x))
+    with pytest.warns(frozenconst.FrozenConstWarning, match=r"float32\[8, 8\].*NotImplementedError"):
+        out = frozenconst.jit(body)(x)
+    np.testing.assert_array_equal(np.asarray(out), expected)
+    assert_float32_close(out, np.asarray(x) @ data, np.abs(np.asarray(x)) @ np.abs(data))

@@ -50,7 +50,10 @@ def test_pickle_round_trip(x):
 
 @given(hnp.arrays(hnp.scalar_dtypes().filter(lambda d: d.kind in "biufc"), hnp.array_shapes(min_dims=0)))
 def test_source_mutation_is_never_seen(source):
-    x = FrozenConst(source)
+    # Under x64, so 64-bit integers beyond 32 bits are held (without it they are
+    # refused: JAX would wrap them on the device; see test_bad_input.py).
+    with jax.enable_x64(True):
+        x = FrozenConst(source)
     assert x.dtype == source.dtype.newbyteorder("=")  # stored in native byte order
     snapshot = source.copy()
     source.fill(1)

@@ -1,0 +1,354 @@
+"""Bad input is refused, or held exactly: the rule of issue #11, part 3.
+
+`FrozenConst(obj, dtype=...)` either raises a FrozenConst error (or OverflowError)
+whose message names what it received, or holds on the host and on every device
+the values `jnp.asarray(obj, dtype=...)` holds under the same x64 setting.
+"""
+
+import math
+import warnings
+
+import hypothesis.extra.numpy as hnp
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import frozenconst
+from frozenconst import FrozenConst, FrozenConstTypeError, FrozenConstValueError
+from frozenconst._host import SUPPORTED_DTYPES, check_narrowing, supported
+
+REFUSALS = (FrozenConstTypeError, FrozenConstValueError, OverflowError)
+# Every dtype `jax.numpy` names, whether or not this JAX can hold it (jax 0.10
+# names float6 types it cannot transfer): sources and `dtype=` targets alike.
+CANDIDATES = sorted(SUPPORTED_DTYPES, key=lambda d: d.name)
+
+
+def _bits(a) -> np.ndarray:
+    """Raw bytes, so NaN payloads and -0.0 compare exactly."""
+    return np.ascontiguousarray(np.asarray(a)).reshape(-1).view(np.uint8)
+
+
+def _reference(obj, dtype):
+    """(jnp.asarray(obj, dtype=dtype), None), or (None, what it raised)."""
+    with warnings.catch_warnings():
+        # Its "int64 is not available" UserWarning and NumPy's cast RuntimeWarnings.
+        warnings.simplefilter("ignore")
+        try:
+            return jnp.asarray(obj, dtype=dtype), None
+        except Exception as err:  # OverflowError, ValueError, TypeError, XLA's runtime errors
+            return None, err
+
+
+def _native(obj):
+    # jnp.asarray refuses byte-swapped arrays outright (a limitation, not a value
+    # check); FrozenConst converts them. Judge it against the same values in
+    # native byte order.
+    if isinstance(obj, np.ndarray) and not obj.dtype.isnative:
+        return obj.astype(obj.dtype.newbyteorder("="))
+    return obj
+
+
+def _rounds_twice(obj, dtype, device_dtype) -> bool:
+    # Integers asked for as float64 (complex128) without x64: the host holds them
+    # rounded to float64 and the device rounds that to float32, where
+    # jnp.asarray rounds once, straight to float32. The two can differ by one
+    # float32 ulp (double rounding), so the device is judged against JAX's
+    # narrowing of the host data there.
+    if dtype is None or np.dtype(dtype) == device_dtype or np.dtype(dtype).kind not in "fc":
+        return False
+    return bool(jnp.issubdtype(np.asarray(_native(obj)).dtype, jnp.integer))
+
+
+def check_rule(obj, dtype, x64: bool) -> str:
+    """Assert the rule for one input; returns "refused" or "held"."""
+    with jax.enable_x64(x64):
+        expected, expected_error = _reference(_native(obj), dtype)
+        with warnings.catch_warnings():
+            # Float narrowing overflows to inf with NumPy's RuntimeWarning, as in jnp.asarray.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            try:
+                x = FrozenConst(obj, dtype=dtype)
+            except REFUSALS as err:
+                assert f"`{type(obj).__name__}`" in str(err), str(err)
+                return "refused"
+            device = jnp.asarray(x)
+            host = np.asarray(x)
+            narrowed_host = jnp.asarray(host)
+            host_as_device = host.astype(device.dtype)
+    assert expected_error is None, f"FrozenConst accepted what jnp.asarray refuses: {expected_error!r}"
+    assert device.dtype == expected.dtype and device.shape == expected.shape
+    if _rounds_twice(obj, dtype, device.dtype):
+        expected = narrowed_host
+    np.testing.assert_array_equal(_bits(device), _bits(expected))
+    # The host holds the same values as the device: equal after JAX's narrowing,
+    # and, for integers, equal outright (nothing wrapped).
+    assert host.shape == device.shape
+    np.testing.assert_array_equal(_bits(host_as_device), _bits(device))
+    if jnp.issubdtype(host.dtype, jnp.integer):
+        assert np.array_equal(host, np.asarray(device))
+    return "held"
+
+
+# -- the inputs ---------------------------------------------------------------------
+
+_EDGE_INTS = [
+    *(2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**32 - 1, 2**32),
+    *(2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 2**64 - 1, 2**64, 2**100),
+]
+_EDGE_FLOATS = [math.nan, math.inf, -math.inf, 1e300, -1e300, 3.5e38, 2.0**31, -0.5, -1.5, 255.9, 256.0]
+
+python_ints = st.integers() | st.sampled_from(_EDGE_INTS) | st.integers(-300, 300)
+python_floats = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(_EDGE_FLOATS)
+python_complex = st.complex_numbers(allow_nan=True, allow_infinity=True)
+python_scalars = st.one_of(st.booleans(), python_ints, python_floats, python_complex)
+
+
+def _nest(flat, shape):
+    if len(shape) == 1:
+        return flat
+    size = math.prod(shape[1:])
+    return [_nest(flat[i * size : (i + 1) * size], shape[1:]) for i in range(shape[0])]
+
+
+@st.composite
+def nested_lists(draw):
+    shape = draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=3))
+    leaves = draw(
+        st.sampled_from(
+            [st.booleans(), python_ints, python_floats, python_complex, python_ints | python_floats]
+        )
+    )
+    flat = draw(st.lists(leaves, min_size=math.prod(shape), max_size=math.prod(shape)))
+    nested = _nest(flat, shape)
+    if draw(st.booleans()):
+        nested = [tuple(row) if isinstance(row, list) else row for row in nested]  # tuples nest too
+    return nested
+
+
+@st.composite
+def numpy_arrays(draw):
+    dtype = draw(st.sampled_from(CANDIDATES))
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=2, min_side=0, max_side=4))
+    if dtype.type.__module__ == "numpy":
+        data = draw(hnp.arrays(dtype, shape, elements=hnp.from_dtype(dtype, allow_nan=True)))
+        if draw(st.booleans()) and dtype.itemsize > 1:
+            data = data.astype(dtype.newbyteorder("S"))  # the other byte order, same values
+        return data
+    # ml_dtypes types: draw wide, round into the narrow type.
+    try:
+        info = ml_dtypes.iinfo(dtype)
+        wide = draw(hnp.arrays(np.int64, shape, elements=st.integers(int(info.min), int(info.max))))
+    except ValueError:
+        finfo = ml_dtypes.finfo(dtype)
+        big = float(finfo.max)
+        wide = draw(hnp.arrays(np.float64, shape, elements=st.floats(-big, big) | st.just(math.nan)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return wide.astype(dtype)
+
+
+targets = st.none() | st.sampled_from(CANDIDATES)
+
+
+@given(python_scalars, targets, st.booleans())
+def test_python_scalars(obj, dtype, x64):
+    check_rule(obj, dtype, x64)
+
+
+@given(nested_lists(), targets, st.booleans())
+def test_nested_sequences(obj, dtype, x64):
+    check_rule(obj, dtype, x64)
+
+
+@given(numpy_arrays(), targets, st.booleans())
+def test_numpy_arrays_of_every_dtype_and_byte_order(obj, dtype, x64):
+    check_rule(obj, dtype, x64)
+
+
+# -- the cases of the issue, each pinned -------------------------------------------
+
+
+def test_python_int_beyond_int32_without_x64_is_refused_as_jnp_refuses_it():
+    with jax.enable_x64(False):
+        with pytest.raises(OverflowError):
+            jnp.asarray(2**40)
+        with pytest.raises(FrozenConstValueError, match=r"`int` it received.*1099511627776.*int32"):
+            FrozenConst(2**40)
+        with pytest.raises(FrozenConstValueError, match="jax_enable_x64"):
+            FrozenConst([1, 2**40])
+
+
+@pytest.mark.parametrize(
+    "data", [np.array([1, 2**40]), np.array([-(2**31) - 1]), np.array([2**32], np.uint64)]
+)
+def test_64_bit_integers_jax_would_wrap_are_refused_without_x64(data):
+    with jax.enable_x64(False):
+        with pytest.raises(FrozenConstValueError, match="`ndarray` it received"):
+            FrozenConst(data)
+        FrozenConst(data.astype(np.float64))  # a float64 copy is fine: it rounds
+    with jax.enable_x64(True):
+        x = FrozenConst(data)
+        np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), data)
+
+
+def test_64_bit_integers_inside_the_narrow_range_are_held():
+    with jax.enable_x64(False):
+        data = np.array([-(2**31), 0, 2**31 - 1])
+        x = FrozenConst(data)
+        assert x.dtype == np.int64
+        np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), data)
+
+
+def test_check_narrowing():
+    wide = np.array([0, 2**40])
+    check_narrowing(wide, np.int64)
+    check_narrowing(wide, np.float32)  # not an integer narrowing
+    check_narrowing(np.array([0, 2**31 - 1]), np.int32)
+    check_narrowing(np.array([1e300]), np.float32)  # rounds to inf, as jnp.asarray does
+    with pytest.raises(FrozenConstValueError, match=r"1099511627776.*int32"):
+        check_narrowing(wide, np.int32)
+    with pytest.raises(FrozenConstValueError, match="uint32"):
+        check_narrowing(np.array([2**32], np.uint64), np.uint32)
+
+
+def test_a_transfer_after_x64_is_switched_off_does_not_wrap():
+    with jax.enable_x64(True):
+        x = FrozenConst(np.array([1, 2**40]))
+        assert int(jnp.asarray(x)[1]) == 2**40
+    with jax.enable_x64(False), pytest.raises(FrozenConstValueError, match="jax_enable_x64"):
+        jnp.asarray(x)
+
+
+@pytest.mark.parametrize(
+    ("obj", "dtype", "match"),
+    [
+        ([300, -1], np.uint8, "uint8"),
+        ([np.nan, 1e20], np.int32, "nan"),
+        ([1e20], np.int32, "int32"),
+        (np.array([300]), np.uint8, "300"),
+        (np.array([np.nan]), np.int32, "nan"),
+        (np.array([np.inf]), np.int64, "inf"),
+        (np.array([-1.5]), np.uint8, "-1.5"),
+        (np.array([200.0], ml_dtypes.bfloat16), np.int8, "200"),
+        ([20], ml_dtypes.int4, "int4"),
+        (np.arange(20), ml_dtypes.uint4, "uint4"),
+        (FrozenConst([300, 1]), np.uint8, "300"),
+    ],
+)
+def test_conversions_that_change_a_value_are_refused(obj, dtype, match):
+    with pytest.raises(FrozenConstValueError, match=match) as info:
+        FrozenConst(obj, dtype=dtype)
+    assert f"`{type(obj).__name__}` it received" in str(info.value)
+    with pytest.raises(FrozenConstValueError):
+        frozenconst.intern(obj, dtype=dtype)
+
+
+def test_conversions_within_range_truncate_like_numpy_and_jnp():
+    x = FrozenConst([1.5, 2.7, -0.5, 255.9], dtype=np.uint8)
+    np.testing.assert_array_equal(np.asarray(x), [1, 2, 0, 255])
+    np.testing.assert_array_equal(
+        np.asarray(jnp.asarray(x)), np.asarray(jnp.asarray([1.5, 2.7, -0.5, 255.9], np.uint8))
+    )
+    y = FrozenConst(np.array([2**31 - 0.5, -(2**31) - 0.5]), dtype=np.int32)
+    np.testing.assert_array_equal(np.asarray(y), [2**31 - 1, -(2**31)])
+
+
+def test_complex_to_real_is_refused():
+    with pytest.raises(FrozenConstTypeError, match="imaginary"):
+        FrozenConst(np.array([1 + 2j]), dtype=np.float32)
+    with pytest.raises(FrozenConstTypeError, match="imaginary"):
+        FrozenConst(1 + 0j, dtype=np.int32)
+
+
+def test_float_narrowing_rounds_and_overflows_to_inf_as_jnp_asarray_does():
+    with jax.enable_x64(False), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "overflow encountered in cast", from both
+        x = FrozenConst([1e300, -1e300, 1.1])
+        assert x.dtype == np.float64  # the host keeps float64
+        np.testing.assert_array_equal(np.asarray(x), [1e300, -1e300, 1.1])
+        device = jnp.asarray(x)
+        np.testing.assert_array_equal(_bits(device), _bits(jnp.asarray([1e300, -1e300, 1.1])))
+        np.testing.assert_array_equal(np.asarray(device)[:2], [np.inf, -np.inf])
+        y = FrozenConst([1e300], dtype=np.float16)
+        np.testing.assert_array_equal(_bits(y), _bits(jnp.asarray([1e300], dtype=np.float16)))
+
+
+def test_python_ints_beyond_int64_are_refused():
+    for obj in (2**63, [2**64], [[1.5], [2**70]], (1, -(2**63) - 1)):
+        with pytest.raises(FrozenConstValueError, match="outside the int64 range"):
+            FrozenConst(obj)
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.float6_e2m3fn, ml_dtypes.float6_e3m2fn])
+def test_dtypes_are_decided_by_what_this_jax_can_hold(dtype):
+    data = np.array([0.5, 1.0]).astype(dtype)
+    if supported(np.dtype(dtype)):
+        x = FrozenConst(data)
+        np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), data)
+        return
+    with pytest.raises(FrozenConstTypeError, match=rf"{np.dtype(dtype).name}.*such as float32") as info:
+        FrozenConst(data)
+    assert "`ndarray` it received" in str(info.value)
+    with pytest.raises(FrozenConstTypeError, match="requested dtype"):
+        FrozenConst([1.0], dtype=dtype)
+    # Converted to a dtype this JAX holds, it is fine.
+    x = FrozenConst(data, dtype=np.float32)
+    np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), [0.5, 1.0])
+
+
+def test_every_dtype_accepted_transfers():
+    for dtype in CANDIDATES:
+        if supported(dtype):
+            x = FrozenConst(np.zeros(2, dtype))
+            assert np.asarray(jnp.asarray(x)).dtype == jax.dtypes.canonicalize_dtype(dtype)
+        else:
+            with pytest.raises(FrozenConstTypeError, match=dtype.name):
+                FrozenConst(np.zeros(2, dtype))
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        [np.ma.masked_array([1, 2], mask=[0, 1])],
+        [[1.0, 2.0], np.ma.masked_array([1.0, 2.0])],
+        ([1.0], (np.ma.masked_array([1.0]),)),
+        [1.0, np.ma.masked],
+        np.ma.masked,
+    ],
+)
+def test_masked_arrays_are_refused_anywhere_inside(obj):
+    with pytest.raises(FrozenConstTypeError, match="masked") as info:
+        FrozenConst(obj)
+    assert f"`{type(obj).__name__}` it received" in str(info.value)
+
+
+def test_a_bad_dtype_is_a_frozenconst_error_on_every_path():
+    x = FrozenConst([1, 2])
+    for call in (
+        lambda: FrozenConst(x, dtype="foo"),
+        lambda: FrozenConst([1, 2], dtype="foo"),
+        lambda: frozenconst.intern([1, 2], dtype="foo"),
+        lambda: frozenconst.intern(x, dtype="foo"),
+    ):
+        with pytest.raises(FrozenConstTypeError, match="'foo'"):
+            call()
+
+
+def test_format_matches_jax_array():
+    x, a = FrozenConst(1.5), jnp.asarray(1.5)
+    assert f"{x:.2f}" == f"{a:.2f}" == "1.50"
+    assert format(x, "10.3e") == format(a, "10.3e")
+    assert f"{FrozenConst(7):>5d}" == f"{jnp.asarray(7):>5d}"
+    # An empty spec is str(x), as for jax.Array (whose str is its values).
+    assert format(x, "") == str(x) == f"{x}"
+    assert format(a, "") == str(a)
+    v = FrozenConst(np.arange(3.0))
+    assert format(v, "") == str(v)
+    with pytest.raises(TypeError):
+        format(jnp.arange(3.0), ".2f")
+    with pytest.raises(TypeError):
+        format(v, ".2f")

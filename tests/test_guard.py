@@ -1,0 +1,226 @@
+"""The `no_numpy_constants` guard decides from the compiled programs themselves.
+
+The fixture and the basic cases are in test_audit.py. The suite runs once per
+JAX constant pipeline (`conftest.SIMPLIFIED`); every case here holds in both.
+"""
+
+import pathlib
+import threading
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import SIMPLIFIED, unique_data
+
+import frozenconst
+from frozenconst import FrozenConst, _compat
+
+PACKAGE = pathlib.Path(frozenconst.__file__).resolve().parent
+KIB8 = (32, 64)  # float32: 8 KiB
+
+
+def _hooked():
+    assert _compat.LOWERING_HOOK is not None
+    module, name = _compat.LOWERING_HOOK
+    return getattr(module, name)
+
+
+def _offending_lines(error):
+    return [line for line in str(error).splitlines() if line.startswith("- ")]
+
+
+def test_six_larger_frozenconsts_do_not_hide_an_8kib_numpy_constant():
+    # JAX's own report lists only the five largest constants of a program.
+    frozen = [FrozenConst(unique_data((64, 64))) for _ in range(6)]  # 16 KiB each
+    raw = unique_data(KIB8)
+    assert all(c.nbytes > raw.nbytes for c in frozen)
+
+    def f(w):
+        return sum(c @ w for c in frozen) + (raw @ w).sum()
+
+    report = frozenconst.audit(f, jnp.ones(64))
+    assert report.pipeline == ("simplified" if SIMPLIFIED else "default")
+    assert len(report.constants) == 7
+    with (
+        pytest.raises(frozenconst.CapturedNumpyConstantError) as info,
+        frozenconst.no_numpy_constants(max_bytes=1024),
+    ):
+        jax.jit(f)(jnp.ones(64)).block_until_ready()
+    (line,) = _offending_lines(info.value)
+    assert "numpy float32[32,64] (8192 bytes) at " in line
+    assert "test_guard.py" in line and "wrap it once in `frozenconst.FrozenConst`" in line
+
+
+def _nested_jit(raw):
+    inner = jax.jit(lambda w: (raw @ w).sum())
+    return jax.jit(lambda w: w + inner(w))
+
+
+def _scan_body(raw):
+    return jax.jit(lambda w: jax.lax.scan(lambda c, _: (c + (raw @ c).sum(), None), w, None, length=3)[0])
+
+
+def _cond_branch(raw):
+    return jax.jit(lambda w: jax.lax.cond(w[0] > 0, lambda v: v + (raw @ v).sum(), lambda v: v, w))
+
+
+def _frozenconst_jit(raw):
+    table = FrozenConst(unique_data((64, 64)))
+    return frozenconst.jit(lambda w: table @ w + (raw @ w).sum())
+
+
+@pytest.mark.parametrize("build", [_nested_jit, _scan_body, _cond_branch, _frozenconst_jit])
+def test_constants_in_nested_programs_are_seen(build):
+    raw = unique_data(KIB8)
+    f = build(raw)
+    with (
+        pytest.raises(frozenconst.CapturedNumpyConstantError) as info,
+        frozenconst.no_numpy_constants(max_bytes=1024),
+    ):
+        f(jnp.ones(64)).block_until_ready()
+    (line,) = _offending_lines(info.value)
+    assert "numpy float32[32,64] (8192 bytes)" in line and "test_guard.py" in line
+
+
+def test_one_line_per_constant_however_often_it_is_used_and_compiled():
+    raw = unique_data(KIB8)
+    other = unique_data((16, 64), dtype=np.int32)  # 4 KiB
+    with (
+        pytest.raises(frozenconst.CapturedNumpyConstantError) as info,
+        frozenconst.no_numpy_constants(max_bytes=1024),
+    ):
+        jax.jit(lambda w: sum((raw @ w * i).sum() for i in range(10)))(jnp.ones(64))
+        jax.jit(lambda w: (raw @ w).sum() + 1)(jnp.ones(64))
+        jax.jit(lambda w: (other @ w).sum())(jnp.ones(64, np.int32))
+    lines = _offending_lines(info.value)
+    assert len(lines) == 2
+    assert "2 raw NumPy constant(s)" in str(info.value)
+    assert "float32[32,64]" in lines[0] and "int32[16,64] (4096 bytes)" in lines[1]
+
+
+def test_frozenconsts_jax_arrays_and_numpy_up_to_the_limit_pass():
+    frozen = [FrozenConst(unique_data((64, 64))) for _ in range(6)]
+    arr = jnp.asarray(unique_data((64, 64)))
+    at_limit = unique_data((256,))  # 1024 bytes
+    with frozenconst.no_numpy_constants(max_bytes=1024):
+        f = lambda w: sum(c @ w for c in frozen) + arr @ w + (at_limit * w[0]).sum()
+        jax.jit(f)(jnp.ones(64)).block_until_ready()
+        frozenconst.jit(f)(jnp.ones(64)).block_until_ready()
+    over = unique_data((257,))
+    with (
+        pytest.raises(frozenconst.CapturedNumpyConstantError, match=r"float32\[257\] \(1028 bytes\)"),
+        frozenconst.no_numpy_constants(max_bytes=1024),
+    ):
+        jax.jit(lambda w: (over * w[0]).sum())(jnp.ones(64))
+
+
+def test_jax_is_restored_after_the_block_an_error_inside_and_a_failing_guard():
+    original = _hooked()
+    with frozenconst.no_numpy_constants():
+        assert _hooked() is not original
+    assert _hooked() is original
+    with pytest.raises(ZeroDivisionError), frozenconst.no_numpy_constants():
+        assert _hooked() is not original
+        _ = 1 / 0
+    assert _hooked() is original
+    raw = unique_data(KIB8)
+    with pytest.raises(frozenconst.CapturedNumpyConstantError), frozenconst.no_numpy_constants():
+        jax.jit(lambda w: raw @ w)(jnp.ones(64))
+    assert _hooked() is original
+
+
+def test_an_error_inside_the_block_is_not_replaced_by_the_guard():
+    raw = unique_data(KIB8)
+    with pytest.raises(KeyError), frozenconst.no_numpy_constants():
+        jax.jit(lambda w: raw @ w)(jnp.ones(64))
+        raise KeyError("mine")
+
+
+def test_nested_guards_each_apply_their_own_limit():
+    original = _hooked()
+    raw_a, raw_b = unique_data(KIB8), unique_data((16, 64))  # 8 KiB, 4 KiB
+    with (
+        pytest.raises(frozenconst.CapturedNumpyConstantError) as info,
+        frozenconst.no_numpy_constants(max_bytes=1024),
+    ):
+        with frozenconst.no_numpy_constants(max_bytes=1 << 20):
+            jax.jit(lambda w: raw_a @ w)(jnp.ones(64))  # allowed by the inner guard
+        assert _hooked() is not original  # the outer guard still sees
+        jax.jit(lambda w: raw_b @ w)(jnp.ones(64))
+    lines = _offending_lines(info.value)
+    assert len(lines) == 2 and "float32[32,64]" in lines[0] and "float32[16,64]" in lines[1]
+    assert _hooked() is original
+
+    with (
+        pytest.raises(frozenconst.CapturedNumpyConstantError, match=r"1 raw NumPy constant"),
+        frozenconst.no_numpy_constants(max_bytes=1 << 20),  # lets the inner guard's error through
+        frozenconst.no_numpy_constants(max_bytes=1024),
+    ):
+        jax.jit(lambda w: unique_data(KIB8) @ w)(jnp.ones(64))
+    assert _hooked() is original
+
+
+def test_guards_in_many_threads_and_compilations_in_other_threads():
+    original = _hooked()
+    errors: list[BaseException | None] = [None] * 8
+    start = threading.Barrier(len(errors))
+
+    def worker(i):
+        raw = unique_data(KIB8)
+        start.wait()
+        try:
+            with frozenconst.no_numpy_constants(max_bytes=1024):
+                jax.jit(lambda w: raw @ w)(jnp.ones(64)).block_until_ready()
+        except BaseException as exc:
+            errors[i] = exc
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(errors))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(isinstance(e, frozenconst.CapturedNumpyConstantError) for e in errors), errors
+    assert _hooked() is original
+
+    raw = unique_data(KIB8)  # compiled by a thread the block starts
+    with pytest.raises(frozenconst.CapturedNumpyConstantError), frozenconst.no_numpy_constants():
+        t = threading.Thread(target=lambda: jax.jit(lambda w: raw @ w)(jnp.ones(64)))
+        t.start()
+        t.join()
+
+
+@pytest.mark.parametrize(
+    "hook", [None, (types.SimpleNamespace(), "lower_jaxpr_to_module")], ids=["no-hook", "hook-missing"]
+)
+def test_without_a_hook_the_guard_warns_that_it_checks_nothing(monkeypatch, hook):
+    original = _hooked()
+    monkeypatch.setattr(_compat, "LOWERING_HOOK", hook)
+    raw = unique_data(KIB8)
+    with (
+        pytest.warns(frozenconst.FrozenConstWarning, match="cannot see the programs jax"),
+        frozenconst.no_numpy_constants(),
+    ):
+        jax.jit(lambda w: raw @ w)(jnp.ones(64))
+    monkeypatch.undo()
+    assert _hooked() is original
+
+
+def test_a_program_the_guard_cannot_read_is_reported_not_passed(monkeypatch):
+    monkeypatch.setattr(_compat, "lowered_program", lambda args, kwargs: None)
+    with (
+        pytest.warns(frozenconst.FrozenConstWarning, match="could not inspect"),
+        frozenconst.no_numpy_constants(),
+    ):
+        jax.jit(lambda w: unique_data(KIB8) @ w)(jnp.ones(64)).block_until_ready()
+
+
+def test_no_regular_expression_over_jax_messages():
+    guard = (PACKAGE / "_guard.py").read_text()
+    assert "import re" not in guard and "catch_warnings" not in guard
+    for path in PACKAGE.glob("*.py"):
+        text = path.read_text()
+        assert "Closed-over constant" not in text and "captured during lowering" not in text, path
+        if path.name != "__main__.py":  # parses the command line's DTYPE[DIMS] shapes
+            assert "import re\n" not in text, path
