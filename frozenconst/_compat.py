@@ -82,16 +82,17 @@ eval_context: Callable[[], contextlib.AbstractContextManager[Any]] = jax.core.ev
 # data embedded; and an inner function that met the constant inside one
 # `frozenconst.jit` trace holds that trace's tracer, which a later trace would
 # reuse and leak. A config state of our own in the trace context answers both:
-# every `frozenconst.jit` trace runs with it set to `SHARED` (never the value
-# outside, so nothing traced outside is reused), and a trace whose constants
-# reach an inner trace runs with a value of its own (`unique_trace_context`).
+# every `frozenconst.jit` trace runs with it set to a value shared by all of
+# them (`shared_trace_context`; never the value outside, so nothing traced
+# outside is reused), and a trace whose constants reach an inner trace runs with
+# a value of its own (`unique_trace_context`).
 # Only the second kind adds cache entries per trace: a fresh value for every
 # trace would grow JAX's caches with every function made and dropped (issue
 # #11). Built on `int_state(..., include_in_trace_context=True)`
 # (jax/_src/config.py, checked on jax 0.10.2 and 0.12.0.1); no public
 # alternative.
-SHARED = 1
-_unique = itertools.count(SHARED + 1)
+_unique = itertools.count(1)
+_shared = next(_unique)
 
 
 def _make_context_state() -> Any:
@@ -128,6 +129,17 @@ def trace_context(value: int) -> contextlib.AbstractContextManager[Any]:
 def unique_trace_context() -> int:
     """A trace-context value used by no other trace."""
     return next(_unique)
+
+
+def shared_trace_context() -> int:
+    """The trace-context value the traces of `frozenconst.jit` share."""
+    return _shared
+
+
+def renew_shared_trace_context() -> None:
+    """Share a fresh value from now on: what JAX cached under the old one is never reused."""
+    global _shared
+    _shared = next(_unique)
 
 
 # The trace currently active in this thread, compared with `==`: a use of a

@@ -66,15 +66,17 @@ class Frame:
             `PARAMETER` or `BUFFER`).
         pending: constants met for the first time, to be parameters next time.
         nested: the constants used inside nested traces.
+        stops: how many times a nested trace was stopped (`STOP`).
     """
 
-    __slots__ = ("inner", "known", "nested", "pending", "serial", "trace")
+    __slots__ = ("inner", "known", "nested", "pending", "serial", "stops", "trace")
 
     def __init__(self, known: dict[Source, Any], inner: str) -> None:
         self.known = known
         self.inner = inner
         self.pending: list[Source] = []
         self.nested: list[Source] = []
+        self.stops = 0
         self.trace = current_trace()
         # Constants numbered above this were made during the trace.
         self.serial = next_serial()
@@ -124,6 +126,7 @@ def resolve(store: Store, placement: Sharding | None) -> jax.Array:
         if source not in frame.nested:
             frame.nested.append(source)
         if frame.inner == STOP:
+            frame.stops += 1
             raise Rediscover  # stops the nested trace before JAX caches it
         if frame.inner == BUFFER:
             if not trace_isolation:

@@ -25,9 +25,10 @@ from . import _hoisting
 from ._cache import ACCOUNTING, CACHE_EPOCH, FED, FedArrays, Store
 from ._compat import (
     DEFAULT_DEVICE,
-    SHARED,
     X64,
     on_clear_caches,
+    renew_shared_trace_context,
+    shared_trace_context,
     trace_context,
     trace_isolation,
     unique_trace_context,
@@ -321,8 +322,10 @@ class JitWrapped:
                 return step(group, group.feed(args, kwargs))
             except Rediscover:
                 continue
-        raise RuntimeError(  # pragma: no cover - needs 64 rounds of new constants
-            "frozenconst.jit kept meeting new FrozenConsts while tracing; this is a bug, please report it."
+        raise RuntimeError(
+            f"frozenconst.jit traced {_MAX_ROUNDS} times and met FrozenConsts it did not know each "
+            "time. This happens when `jax.clear_caches()` runs again and again during the call "
+            "(each clears what the traces learned); otherwise it is a bug, please report it."
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -354,13 +357,15 @@ class JitWrapped:
         except RuntimeError:
             # XLA refuses a call before running it when a fed buffer was
             # deleted since (donated elsewhere), or is donated by this very call.
-            if any(a.is_deleted() for a in consts):
+            refed = any(a.is_deleted() for a in consts)
+            if refed:
                 group.forget()
-                return self._jitted(group.feed(args, kwargs), *args, **kwargs)
+                consts = group.feed(args, kwargs)
             unclashed = self._not_donated(consts, args, kwargs)
-            if unclashed is consts:
+            if unclashed is not consts:
+                self._donation_clash = True
+            elif not refed:
                 raise
-            self._donation_clash = True
             return self._jitted(unclashed, *args, **kwargs)
 
     def _not_donated(self, consts: tuple[jax.Array, ...], args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
@@ -394,6 +399,10 @@ class JitWrapped:
             kwargs,
         )
         return traced
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """Like `jax.jit(f).eval_shape`: the output's shapes and dtypes, computing nothing."""
+        return jax.eval_shape(self, *args, **kwargs)
 
     @property
     def constants(self) -> int:
@@ -434,12 +443,14 @@ def _make_traced(fun: Callable[..., Any], constants: _Constants) -> Callable[...
     def traced(consts: tuple[Any, ...], /, *args: Any, **kwargs: Any) -> Any:
         group = constants.group(args, kwargs)
         frame = Frame(dict(zip(group.sources, consts, strict=False)), constants.inner)
-        context = SHARED if frame.inner == STOP else unique_trace_context()
+        context = shared_trace_context() if frame.inner == STOP else unique_trace_context()
+        stopped = 0  # stops that reached this function (not caught on the way)
         enter(frame)
         try:
             with trace_context(context):
                 out = fun(*args, **kwargs)
         except Exception as err:
+            stopped = int(isinstance(err, Rediscover))
             if frame.inner == STOP and frame.nested:
                 out = None  # the nested trace was stopped: redone isolated, below
             elif frame.inner == PARAMETER and frame.nested and not frame.pending:
@@ -453,9 +464,16 @@ def _make_traced(fun: Callable[..., Any], constants: _Constants) -> Callable[...
         finally:
             leave()
             if frame.pending:
-                group.add(frame.pending)
+                # To the group in the table now (`jax.clear_caches()` may have
+                # replaced the one this trace started with).
+                constants.group(args, kwargs).add(frame.pending)
             if frame.inner == STOP and frame.nested:
                 constants.inner = PARAMETER
+            if frame.stops > stopped:
+                # User code caught a stop (`except Exception:` around a nested
+                # use) and the inner trace went on: JAX may have cached it with
+                # this trace's tracer inside. Nothing traced later reuses it.
+                renew_shared_trace_context()
         if frame.redo:
             raise Rediscover
         if frame.inner == BUFFER and frame.nested and constants.refusal is not None:

@@ -27,3 +27,44 @@ def test_a_constant_closed_over_and_donated_in_the_same_call(wrap, how):
             np.testing.assert_array_equal(np.asarray(out), -np.ones(4))
     np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), np.arange(4.0))  # still the constant
     np.testing.assert_array_equal(np.asarray(x + 1), np.arange(4.0) + 1)
+
+
+def test_a_donated_constant_that_is_also_closed_over_twice_after_other_donations():
+    c = FrozenConst(np.full(4, 3.0, np.float32))
+    x = jnp.ones(4)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+        other = frozenconst.jit(lambda w: w + c, donate_argnums=0)
+        np.testing.assert_array_equal(np.asarray(other(jnp.ones(4))), 4.0)
+        f = frozenconst.jit(lambda a, w: a + w + c, donate_argnums=0)
+        reference = jax.jit(lambda a, w: a + w + c, donate_argnums=0)
+        for _ in range(3):
+            np.testing.assert_array_equal(np.asarray(f(c, x)), np.asarray(reference(c, x)))
+    np.testing.assert_array_equal(np.asarray(c + 0), 3.0)
+
+
+def test_eval_shape_as_on_a_jax_jit_function():
+    c = FrozenConst(np.ones((4, 3), np.float32))
+    f = frozenconst.jit(lambda w: c @ w)
+    expected = jax.jit(lambda w: c @ w).eval_shape(jnp.ones(3))
+    assert f.eval_shape(jnp.ones(3)) == expected == jax.eval_shape(f, jnp.ones(3))
+
+
+def test_an_inner_function_that_catches_every_exception_never_poisons_another_function():
+    # An inner trace that catches the stop of a nested use goes on and is
+    # cached; no later frozenconst.jit trace may reuse it (red-team finding).
+    c = FrozenConst(np.full(2, 10.0, np.float32))
+
+    @jax.jit
+    def helper(v):
+        try:
+            return v + c
+        except Exception:
+            return v * 0
+
+    x = jnp.ones(2)
+    expected = np.full(2, 11.0)
+    np.testing.assert_array_equal(np.asarray(helper(x)), expected)
+    np.testing.assert_array_equal(np.asarray(frozenconst.jit(lambda v: helper(v))(x)), expected)
+    np.testing.assert_array_equal(np.asarray(frozenconst.jit(lambda v: helper(v) + 0.0)(x)), expected)
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda v: helper(v) * 1.0)(x)), expected)
