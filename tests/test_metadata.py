@@ -4,23 +4,20 @@ docs/jax.md, "Attributes JAX reads off its inputs", is the decision table; the
 tests below check its answers and that it covers every read of the installed JAX.
 """
 
-import os
 import pathlib
 import re
-import signal
-import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import run_bounded, subprocess_env
 
 import frozenconst
 from frozenconst import FrozenConst
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-TIMEOUT_S = 240
 
 
 def _like_functions(fill):
@@ -125,24 +122,8 @@ print("mixing ok")
 
 @pytest.mark.subprocess
 def test_like_results_mix_with_arrays_on_another_device():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env.setdefault("JAX_PLATFORMS", "cpu")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _MIXING],
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0 and "mixing ok" in out, out[-6000:]
+    code, out = run_bounded([sys.executable, "-c", _MIXING], env=subprocess_env())
+    assert code == 0 and "mixing ok" in out, out[-6000:]
 
 
 # -- the decision table ------------------------------------------------------------

@@ -7,30 +7,19 @@ import socket
 import subprocess
 import sys
 
+from helpers import run_bounded, subprocess_env
+
 HERE = pathlib.Path(__file__).resolve().parent
 EXAMPLE = HERE.parent / "examples" / "multihost.py"
 TIMEOUT_S = 240
 
 
 def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
-    env.setdefault("JAX_PLATFORMS", "cpu")
-    return env
+    return subprocess_env()
 
 
 def _run(cmd, **kwargs):
-    """Run `cmd` in its own process group; kill the whole group on timeout or failure."""
-    proc = subprocess.Popen(
-        cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs
-    )
-    try:
-        out, _ = proc.communicate(timeout=TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode, out
+    return run_bounded(cmd, TIMEOUT_S, **kwargs)
 
 
 def test_four_cpu_devices_in_one_process():
