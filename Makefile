@@ -2,7 +2,9 @@
 #   make demo   - create the environment if missing, install, run the seed scenario
 #   make test   - the same environments, then the whole suite:
 #                 Python 3.11 + newest JAX it gets (0.10.x) and Python 3.12 + newest JAX (0.12.x),
-#                 each under both JAX constant pipelines, plus ruff, mypy --strict and the docs.
+#                 each under both JAX constant pipelines, plus ruff, mypy --strict and the docs;
+#                 and the suite alone at the supported floor (jax 0.6.2, one pipeline) and at a
+#                 release in between (jax 0.9.2, both pipelines), both with Python 3.11.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 
@@ -10,10 +12,16 @@ PYTHON311 ?= $(shell tools/find-python 3.11)
 PYTHON312 ?= $(shell tools/find-python 3.12)
 VENV311 := .venv-py311
 VENV312 := .venv-py312
+# The declared JAX floor (pyproject.toml) and one release in between, each in
+# its own Python 3.11 environment that runs the pytest suite only.
+JAX_FLOOR := 0.6.2
+JAX_MIDDLE := 0.9.2
+VENVFLOOR := .venv-jax$(subst .,,$(JAX_FLOOR))
+VENVMIDDLE := .venv-jax$(subst .,,$(JAX_MIDDLE))
 PIP_FLAGS := --quiet --disable-pip-version-check
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 
-.PHONY: demo test test-fast lint typecheck docs doctest pytest-311 pytest-312 bench clean
+.PHONY: demo test test-fast lint typecheck docs doctest pytest-311 pytest-312 pytest-floor pytest-middle bench clean
 
 $(VENV311)/.installed: pyproject.toml
 	@test -n "$(PYTHON311)" || { echo "error: no Python 3.11 found; set PYTHON311=/path/to/python3.11" >&2; exit 1; }
@@ -26,6 +34,17 @@ $(VENV312)/.installed: pyproject.toml
 	@test -x $(VENV312)/bin/python || $(PYTHON312) -m venv $(VENV312)
 	$(VENV312)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
 	$(VENV312)/bin/python -m pip install $(PIP_FLAGS) -e '.[test,integration]'
+	@touch $@
+
+# pip picks the newest integration libraries that declare support for the pinned
+# JAX (at 0.6.2: flax 0.11.x; equinox, optax, jaxtyping and beartype current).
+$(VENVFLOOR)/.installed $(VENVMIDDLE)/.installed: pyproject.toml
+	@test -n "$(PYTHON311)" || { echo "error: no Python 3.11 found; set PYTHON311=/path/to/python3.11" >&2; exit 1; }
+	@test -x $(@D)/bin/python || $(PYTHON311) -m venv $(@D)
+	$(@D)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
+	$(@D)/bin/python -m pip install $(PIP_FLAGS) -e '.[test,integration]' \
+	  'jax==$(if $(filter $(VENVFLOOR),$(@D)),$(JAX_FLOOR),$(JAX_MIDDLE))' \
+	  'jaxlib==$(if $(filter $(VENVFLOOR),$(@D)),$(JAX_FLOOR),$(JAX_MIDDLE))'
 	@touch $@
 
 demo: $(VENV311)/.installed
@@ -65,7 +84,15 @@ pytest-312:
 	  JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1 $(VENV312)/bin/python -m pytest $(PYTEST_FLAGS); \
 	fi
 
-test: lint typecheck docs doctest pytest-311 pytest-312
+# jax 0.6.2 has one constant pipeline (JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS arrived in 0.7).
+pytest-floor: $(VENVFLOOR)/.installed
+	env -u JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS $(VENVFLOOR)/bin/python -m pytest $(PYTEST_FLAGS)
+
+pytest-middle: $(VENVMIDDLE)/.installed
+	env -u JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS $(VENVMIDDLE)/bin/python -m pytest $(PYTEST_FLAGS)
+	JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1 $(VENVMIDDLE)/bin/python -m pytest $(PYTEST_FLAGS)
+
+test: lint typecheck docs doctest pytest-311 pytest-312 pytest-floor pytest-middle
 
 # The 3.11 suite under both pipelines only: quick feedback while developing.
 test-fast: pytest-311
@@ -74,4 +101,4 @@ bench: $(VENV311)/.installed
 	$(VENV311)/bin/python -m benchmarks
 
 clean:
-	rm -rf $(VENV311) $(VENV312) .site .mypy_cache .ruff_cache
+	rm -rf $(VENV311) $(VENV312) $(VENVFLOOR) $(VENVMIDDLE) .site .mypy_cache .ruff_cache

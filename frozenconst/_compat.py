@@ -16,6 +16,7 @@ import jax
 import jax.core
 import jax.extend.backend
 import jax.extend.core
+import jax.sharding
 from jax._src import config as _jax_config
 from jax.extend import source_info_util
 
@@ -89,8 +90,19 @@ eval_context: Callable[[], contextlib.AbstractContextManager[Any]] = jax.core.ev
 # Only the second kind adds cache entries per trace: a fresh value for every
 # trace would grow JAX's caches with every function made and dropped (issue
 # #11). Built on `int_state(..., include_in_trace_context=True)`
-# (jax/_src/config.py, checked on jax 0.10.2 and 0.12.0.1); no public
-# alternative.
+# (jax/_src/config.py, jax >= 0.8; checked on jax 0.8.3, 0.9.2, 0.10.2 and
+# 0.12.0.1); no public alternative.
+#
+# Before jax 0.8 (checked on 0.4.38, 0.6.2 and 0.7.2) `config.trace_context()`
+# is a fixed tuple and `int_state` takes no `include_in_trace_context`. One
+# state in that tuple changes nothing a program computes:
+# `jax_hlo_source_file_canonicalization_regex`, a pattern removed from the
+# file names in the HLO location metadata. There, a trace context is that
+# pattern with a never-matching alternative appended, `(?!)frozenconst-trace-N`:
+# it matches exactly what the pattern outside matched (nothing, by default),
+# yet the trace context differs for every N. Before use it is checked to be
+# in the trace context; without either, nested uses degrade (`_hoisting`
+# embeds them under the default pipeline, with one FrozenConstWarning).
 _unique = itertools.count(1)
 _shared = next(_unique)
 
@@ -102,7 +114,7 @@ def _make_context_state() -> Any:
         return existing
     int_state = _state("int_state")
     if int_state is None:  # pragma: no cover - newer JAX layouts
-        return None
+        return _pattern_context()
     try:
         return int_state(
             name="frozenconst_trace_epoch",
@@ -110,8 +122,56 @@ def _make_context_state() -> Any:
             help="Internal to frozenconst: isolates the traces made by frozenconst.jit.",
             include_in_trace_context=True,
         )
-    except TypeError:  # pragma: no cover - a JAX without trace-context states
+    except TypeError:  # jax < 0.8: no trace-context states of our own
+        return _pattern_context()
+
+
+_MARKER = "(?!)frozenconst-trace-"
+
+
+def _outside_pattern(current: str | None) -> str | None:
+    """The pattern set outside frozenconst: `current` less a marker we appended."""
+    if not current:
         return None
+    at = current.rfind(_MARKER)
+    if at < 0 or not current[at + len(_MARKER) :].isdigit():
+        return current
+    head = current[:at]
+    if not head:
+        return None
+    if head.startswith("(?:") and head.endswith(")|"):
+        return head[3:-2]
+    return current  # pragma: no cover - a pattern that merely mentions the marker
+
+
+class _PatternContext:
+    """Trace contexts carried by `jax_hlo_source_file_canonicalization_regex` (jax < 0.8)."""
+
+    def __init__(self, state: Any) -> None:
+        self._state = state
+
+    def __call__(self, value: int) -> contextlib.AbstractContextManager[Any]:
+        outside = _outside_pattern(self._state.value)
+        marker = f"{_MARKER}{value}"
+        cm: contextlib.AbstractContextManager[Any] = self._state(
+            f"(?:{outside})|{marker}" if outside else marker
+        )
+        return cm
+
+
+def _pattern_context() -> _PatternContext | None:
+    state = _state("hlo_source_file_canonicalization_regex")
+    trace_ctx = _state("trace_context")
+    if state is None or not callable(state) or not callable(trace_ctx):  # pragma: no cover - other JAX
+        return None
+    context = _PatternContext(state)
+    try:
+        before = trace_ctx()
+        with context(0):
+            inside = trace_ctx()
+    except Exception:  # pragma: no cover - other JAX layouts
+        return None
+    return context if inside != before else None
 
 
 _context_state = _make_context_state()
@@ -120,7 +180,7 @@ trace_isolation = _context_state is not None
 
 def trace_context(value: int) -> contextlib.AbstractContextManager[Any]:
     """A context in which JAX's tracing caches see `value` in the trace context."""
-    if _context_state is None:  # pragma: no cover - newer JAX layouts
+    if _context_state is None:  # pragma: no cover - a JAX without either hook
         return contextlib.nullcontext()
     cm: contextlib.AbstractContextManager[Any] = _context_state(value)
     return cm
@@ -145,34 +205,69 @@ def renew_shared_trace_context() -> None:
 # The trace currently active in this thread, compared with `==`: a use of a
 # constant in a trace nested inside a `frozenconst.jit` trace (a `scan` body, an
 # inner `jax.jit`, `grad`) needs that trace isolated (see `_hoisting.resolve`).
-# Public: `jax.extend.core.get_opaque_trace_state` (checked on jax 0.10.2 and 0.12.0.1).
+# Public: `jax.extend.core.get_opaque_trace_state` (jax >= 0.10; checked on
+# jax 0.10.2 and 0.12.0.1). Older JAX has the same function only as
+# `jax._src.core.get_opaque_trace_state` (jax 0.4.36 to 0.9.x; checked on
+# 0.4.38, 0.6.2, 0.7.2, 0.8.0 and 0.9.2), where jax 0.4.x requires its
+# `convention` argument, which it ignores. Its `OpaqueTraceState` compares the
+# innermost trace by (weak) reference on every one of those versions.
 def current_trace() -> object:
     """An identity for the innermost active trace, comparable with `==`."""
     return _opaque_trace_state()
 
 
-def _unknown_trace() -> object:  # pragma: no cover - a JAX without the public hook
+def _unknown_trace() -> object:  # pragma: no cover - a JAX without either hook
     # Every use then counts as nested: correct, at the cost of isolating
     # (or, without isolation, embedding) every trace.
     return object()
 
 
-_opaque_trace_state: Callable[[], object] = getattr(jax.extend.core, "get_opaque_trace_state", _unknown_trace)
+def _find_opaque_trace_state() -> Callable[[], object]:
+    public = getattr(jax.extend.core, "get_opaque_trace_state", None)
+    if public is not None:
+        return public  # type: ignore[no-any-return]
+    try:
+        from jax._src import core as _core
+    except ImportError:  # pragma: no cover - newer JAX layouts
+        return _unknown_trace
+    private = getattr(_core, "get_opaque_trace_state", None)
+    if private is None:  # pragma: no cover - a JAX older than 0.4.36
+        return _unknown_trace
+    return lambda: private(None)
+
+
+_opaque_trace_state: Callable[[], object] = _find_opaque_trace_state()
 
 
 # `jax.clear_caches()` calls `cache_clear()` on every cache registered with
-# `jax.extend.backend.register_backend_cache` (public, an alias of
-# `jax._src.util.register_cache`; checked on jax 0.10.2 and 0.12.0.1).
+# `jax.extend.backend.register_backend_cache` (public from jax 0.7, an alias of
+# `jax._src.util.register_cache`; checked on jax 0.7.2, 0.8.0, 0.10.2 and 0.12.0.1).
 # `frozenconst.jit` registers its table of constants per static configuration
 # there, so that after `clear_caches()` it holds what `jax.jit` holds: nothing.
-# Without it, the table lives as long as the function (and so do constants
-# reached only through its static arguments).
+# Before jax 0.7 (checked on 0.4.38 and 0.6.2) `clear_caches()` calls every
+# callable in the private `jax._src.util.cache_clearing_funs`, a WeakSet; the
+# bound `cache_clear` put there is kept alive by the cache itself, so it lives
+# exactly as long as the cache. Without either, the table lives as long as the
+# function (and so do constants reached only through its static arguments).
 def on_clear_caches(cache: Any, what: str) -> bool:
     """Have `jax.clear_caches()` call `cache.cache_clear()`; False if this JAX cannot."""
     register = getattr(jax.extend.backend, "register_backend_cache", None)
-    if register is None:  # pragma: no cover - newer JAX layouts
+    if register is not None:
+        register(cache, what)
+        return True
+    try:
+        from jax._src import util as _util
+    except ImportError:  # pragma: no cover - newer JAX layouts
         return False
-    register(cache, what)
+    funs = getattr(_util, "cache_clearing_funs", None)
+    if funs is None:  # pragma: no cover - a JAX without either hook
+        return False
+    clear = cache.cache_clear
+    try:
+        cache._frozenconst_cache_clear = clear  # the WeakSet holds it only while the cache lives
+    except AttributeError:  # pragma: no cover - a cache without a __dict__
+        return False
+    funs.add(clear)
     return True
 
 
@@ -182,6 +277,45 @@ def on_clear_caches(cache: Any, what: str) -> bool:
 source_info_util.register_exclusion(os.path.dirname(__file__) + os.sep)
 
 Tracer: type = jax.core.Tracer
+
+
+# The concrete mesh set by `jax.set_mesh` (or, before jax 0.7.2, by the
+# context manager `jax.sharding.use_mesh`), for a bare PartitionSpec.
+# Public: `jax.sharding.get_mesh` (jax >= 0.8; checked on 0.8.3, 0.10.2 and
+# 0.12.0.1), which returns JAX's config state `device_context`. Before 0.8
+# (checked on 0.6.2 and 0.7.2) that state, `jax._src.config.device_context`,
+# is the only way to read it. Fallback: no mesh, so a bare PartitionSpec is
+# refused with an error that names `NamedSharding(mesh, spec)`.
+def active_mesh() -> Any:
+    """The concrete mesh set in this thread, or None."""
+    get_mesh = getattr(jax.sharding, "get_mesh", None)
+    if get_mesh is not None:
+        mesh = get_mesh()
+    else:
+        state = _state("device_context")
+        mesh = getattr(state, "value", None)
+    return mesh if isinstance(mesh, jax.sharding.Mesh) and not mesh.empty else None
+
+
+# `jnp.issubdtype` places an ml_dtypes number type (float6_e2m3fn, int2, ...)
+# among the floats or integers only from the JAX release that names it: jax
+# 0.6.2 answers neither for float6 (kind "V"), so frozenconst would take float6
+# data for non-numbers and refuse to convert it (`dtype=np.float32`). The
+# public alternative is ml_dtypes' own `finfo`/`iinfo` (ml_dtypes >= 0.4, which
+# every JAX from 0.4.38 requires), asked only when JAX does not know the type.
+def ml_dtypes_category(dtype: Any) -> str:
+    """`f` or `i` for a floating or integer ml_dtypes type, else an empty string."""
+    if getattr(dtype.type, "__module__", "") != "ml_dtypes":
+        return ""
+    import ml_dtypes
+
+    for category, info in (("f", ml_dtypes.finfo), ("i", ml_dtypes.iinfo)):
+        try:
+            info(dtype)
+        except (TypeError, ValueError):
+            continue
+        return category
+    return ""
 
 
 # --- no_numpy_constants: seeing each program JAX lowers (used by _guard.py) ---

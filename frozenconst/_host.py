@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ._compat import Tracer, eval_context
+from ._compat import Tracer, eval_context, ml_dtypes_category
 from ._errors import FrozenConstTypeError, FrozenConstValueError, TracedValueError
 
 ALIGNMENT = 64
@@ -170,7 +170,7 @@ def _category(dtype: np.dtype[Any]) -> str:
         return "f"
     if jnp.issubdtype(dtype, jnp.complexfloating):
         return "c"
-    return ""
+    return ml_dtypes_category(dtype)  # a type this JAX's `jnp` does not know
 
 
 # `jnp.iinfo` (ml_dtypes' `iinfo`) knows int4, int2 and friends too; it is untyped.

@@ -7,7 +7,7 @@ from typing import Any, TypeAlias
 import jax
 from jax.sharding import NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
 
-from ._compat import Device
+from ._compat import Device, active_mesh
 from ._errors import FrozenConstTypeError, FrozenConstValueError
 
 Target: TypeAlias = Device | Sharding | PartitionSpec
@@ -16,9 +16,7 @@ Target: TypeAlias = Device | Sharding | PartitionSpec
 
 
 def _active_mesh() -> Any:
-    get_mesh = getattr(jax.sharding, "get_mesh", None)
-    mesh = get_mesh() if get_mesh is not None else None
-    return None if mesh is None or mesh.empty else mesh
+    return active_mesh()
 
 
 def as_sharding(target: Any, shape: tuple[int, ...]) -> Sharding:

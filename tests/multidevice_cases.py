@@ -74,7 +74,8 @@ def test_replicated_placement_and_partition_spec_under_set_mesh():
     replicated = x.on(NamedSharding(mesh, P()))
     assert replicated.is_fully_replicated
     assert len(_buffers_holding(data)) == 4
-    with jax.set_mesh(mesh):
+    # `jax.set_mesh` is a context manager from jax 0.7.2; before, `jax.sharding.use_mesh`.
+    with (jax.set_mesh if hasattr(jax, "set_mesh") else jax.sharding.use_mesh)(mesh):
         arr = x.on(P("a", "b"))
     assert arr.sharding == NamedSharding(mesh, P("a", "b"))
     assert {s.data.shape for s in arr.addressable_shards} == {(32, 16)}

@@ -100,6 +100,7 @@ def test_audit_does_not_run_or_compile():
     assert calls == []
 
 
+@pytest.mark.usefixtures("needs_raw_numpy_lowering")
 def test_guard_fails_on_numpy_constants_and_names_them():
     table = unique_data((64, 64))
     expected = pytest.raises(frozenconst.CapturedNumpyConstantError, match=r"numpy float32\[64,64\]")
@@ -124,6 +125,7 @@ def test_guard_passes_other_warnings_through():
         warnings.warn("unrelated", UserWarning, stacklevel=1)
 
 
+@pytest.mark.usefixtures("needs_raw_numpy_lowering")
 def test_pytest_fixture_through_the_plugin_entry_point(tmp_path):
     (tmp_path / "test_user.py").write_text(
         textwrap.dedent(

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import enable_x64
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -65,7 +66,7 @@ def _rounds_twice(obj, dtype, device_dtype) -> bool:
 
 def check_rule(obj, dtype, x64: bool) -> str:
     """Assert the rule for one input; returns "refused" or "held"."""
-    with jax.enable_x64(x64):
+    with enable_x64(x64):
         expected, expected_error = _reference(_native(obj), dtype)
         with warnings.catch_warnings():
             # Float narrowing overflows to inf with NumPy's RuntimeWarning, as in jnp.asarray.
@@ -173,7 +174,7 @@ def test_numpy_arrays_of_every_dtype_and_byte_order(obj, dtype, x64):
 
 
 def test_python_int_beyond_int32_without_x64_is_refused_as_jnp_refuses_it():
-    with jax.enable_x64(False):
+    with enable_x64(False):
         with pytest.raises(OverflowError):
             jnp.asarray(2**40)
         with pytest.raises(FrozenConstValueError, match=r"`int` it received.*1099511627776.*int32"):
@@ -186,17 +187,17 @@ def test_python_int_beyond_int32_without_x64_is_refused_as_jnp_refuses_it():
     "data", [np.array([1, 2**40]), np.array([-(2**31) - 1]), np.array([2**32], np.uint64)]
 )
 def test_64_bit_integers_jax_would_wrap_are_refused_without_x64(data):
-    with jax.enable_x64(False):
+    with enable_x64(False):
         with pytest.raises(FrozenConstValueError, match="`ndarray` it received"):
             FrozenConst(data)
         FrozenConst(data.astype(np.float64))  # a float64 copy is fine: it rounds
-    with jax.enable_x64(True):
+    with enable_x64(True):
         x = FrozenConst(data)
         np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), data)
 
 
 def test_64_bit_integers_inside_the_narrow_range_are_held():
-    with jax.enable_x64(False):
+    with enable_x64(False):
         data = np.array([-(2**31), 0, 2**31 - 1])
         x = FrozenConst(data)
         assert x.dtype == np.int64
@@ -216,10 +217,10 @@ def test_check_narrowing():
 
 
 def test_a_transfer_after_x64_is_switched_off_does_not_wrap():
-    with jax.enable_x64(True):
+    with enable_x64(True):
         x = FrozenConst(np.array([1, 2**40]))
         assert int(jnp.asarray(x)[1]) == 2**40
-    with jax.enable_x64(False), pytest.raises(FrozenConstValueError, match="jax_enable_x64"):
+    with enable_x64(False), pytest.raises(FrozenConstValueError, match="jax_enable_x64"):
         jnp.asarray(x)
 
 
@@ -265,7 +266,7 @@ def test_complex_to_real_is_refused():
 
 
 def test_float_narrowing_rounds_and_overflows_to_inf_as_jnp_asarray_does():
-    with jax.enable_x64(False), warnings.catch_warnings():
+    with enable_x64(False), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # "overflow encountered in cast", from both
         x = FrozenConst([1e300, -1e300, 1.1])
         assert x.dtype == np.float64  # the host keeps float64

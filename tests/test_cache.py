@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import live_copies, unique_data
+from conftest import enable_x64, live_copies, unique_data
 
 from frozenconst import FrozenConst
 
@@ -77,14 +77,14 @@ def test_default_device_is_followed():
 def test_x64_flip_never_returns_the_wrong_dtype():
     x = FrozenConst(np.arange(4, dtype=np.float64))
     assert jnp.asarray(x).dtype == jnp.float32
-    with jax.enable_x64(True):
+    with enable_x64(True):
         assert jnp.asarray(x).dtype == jnp.float64
         assert (x + 1).dtype == jnp.float64
     assert jnp.asarray(x).dtype == jnp.float32
     # float32 data has one device dtype either way: one buffer.
     y = FrozenConst(np.arange(4, dtype=np.float32))
     a = jnp.asarray(y)
-    with jax.enable_x64(True):
+    with enable_x64(True):
         assert jnp.asarray(y) is a
 
 

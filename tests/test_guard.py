@@ -31,6 +31,7 @@ def _offending_lines(error):
     return [line for line in str(error).splitlines() if line.startswith("- ")]
 
 
+@pytest.mark.usefixtures("needs_raw_numpy_lowering")
 def test_six_larger_frozenconsts_do_not_hide_an_8kib_numpy_constant():
     # JAX's own report lists only the five largest constants of a program.
     frozen = [FrozenConst(unique_data((64, 64))) for _ in range(6)]  # 16 KiB each
@@ -71,6 +72,7 @@ def _frozenconst_jit(raw):
     return frozenconst.jit(lambda w: table @ w + (raw @ w).sum())
 
 
+@pytest.mark.usefixtures("needs_raw_numpy_lowering")
 @pytest.mark.parametrize("build", [_nested_jit, _scan_body, _cond_branch, _frozenconst_jit])
 def test_constants_in_nested_programs_are_seen(build):
     raw = unique_data(KIB8)
@@ -84,6 +86,7 @@ def test_constants_in_nested_programs_are_seen(build):
     assert "numpy float32[32,64] (8192 bytes)" in line and "test_guard.py" in line
 
 
+@pytest.mark.usefixtures("needs_raw_numpy_lowering")
 def test_one_line_per_constant_however_often_it_is_used_and_compiled():
     raw = unique_data(KIB8)
     other = unique_data((16, 64), dtype=np.int32)  # 4 KiB
@@ -100,6 +103,7 @@ def test_one_line_per_constant_however_often_it_is_used_and_compiled():
     assert "float32[32,64]" in lines[0] and "int32[16,64] (4096 bytes)" in lines[1]
 
 
+@pytest.mark.usefixtures("needs_raw_numpy_lowering")
 def test_frozenconsts_jax_arrays_and_numpy_up_to_the_limit_pass():
     frozen = [FrozenConst(unique_data((64, 64))) for _ in range(6)]
     arr = jnp.asarray(unique_data((64, 64)))
@@ -116,6 +120,7 @@ def test_frozenconsts_jax_arrays_and_numpy_up_to_the_limit_pass():
         jax.jit(lambda w: (over * w[0]).sum())(jnp.ones(64))
 
 
+@pytest.mark.usefixtures("needs_raw_numpy_lowering")
 def test_jax_is_restored_after_the_block_an_error_inside_and_a_failing_guard():
     original = _hooked()
     with frozenconst.no_numpy_constants():
@@ -131,6 +136,7 @@ def test_jax_is_restored_after_the_block_an_error_inside_and_a_failing_guard():
     assert _hooked() is original
 
 
+@pytest.mark.usefixtures("needs_raw_numpy_lowering")
 def test_an_error_inside_the_block_is_not_replaced_by_the_guard():
     raw = unique_data(KIB8)
     with pytest.raises(KeyError), frozenconst.no_numpy_constants():
@@ -138,6 +144,7 @@ def test_an_error_inside_the_block_is_not_replaced_by_the_guard():
         raise KeyError("mine")
 
 
+@pytest.mark.usefixtures("needs_raw_numpy_lowering")
 def test_nested_guards_each_apply_their_own_limit():
     original = _hooked()
     raw_a, raw_b = unique_data(KIB8), unique_data((16, 64))  # 8 KiB, 4 KiB
@@ -162,6 +169,7 @@ def test_nested_guards_each_apply_their_own_limit():
     assert _hooked() is original
 
 
+@pytest.mark.usefixtures("needs_raw_numpy_lowering")
 def test_guards_in_many_threads_and_compilations_in_other_threads():
     original = _hooked()
     errors: list[BaseException | None] = [None] * 8
@@ -194,6 +202,7 @@ def test_guards_in_many_threads_and_compilations_in_other_threads():
 @pytest.mark.parametrize(
     "hook", [None, (types.SimpleNamespace(), "lower_jaxpr_to_module")], ids=["no-hook", "hook-missing"]
 )
+@pytest.mark.usefixtures("needs_raw_numpy_lowering")
 def test_without_a_hook_the_guard_warns_that_it_checks_nothing(monkeypatch, hook):
     original = _hooked()
     monkeypatch.setattr(_compat, "LOWERING_HOOK", hook)
@@ -207,6 +216,7 @@ def test_without_a_hook_the_guard_warns_that_it_checks_nothing(monkeypatch, hook
     assert _hooked() is original
 
 
+@pytest.mark.usefixtures("needs_raw_numpy_lowering")
 def test_a_program_the_guard_cannot_read_is_reported_not_passed(monkeypatch):
     monkeypatch.setattr(_compat, "lowered_program", lambda args, kwargs: None)
     with (

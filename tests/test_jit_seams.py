@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import jax_donates_closed_over_buffers
 
 import frozenconst
 from frozenconst import FrozenConst
@@ -16,6 +17,8 @@ WRAPS = [pytest.param(jax.jit, id="jax.jit"), pytest.param(frozenconst.jit, id="
 @pytest.mark.parametrize("wrap", WRAPS)
 @pytest.mark.parametrize("how", ["position", "name"])
 def test_a_constant_closed_over_and_donated_in_the_same_call(wrap, how):
+    if wrap is jax.jit and not jax_donates_closed_over_buffers():
+        pytest.skip(f"jax {jax.__version__} refuses to donate a closed-over array under this pipeline")
     x = FrozenConst(np.arange(4.0, dtype=np.float32))
     kwargs = {"donate_argnums": 0} if how == "position" else {"donate_argnames": "a"}
     f = wrap(lambda a: a * 0 - 1 + x * 0, **kwargs)
@@ -39,7 +42,9 @@ def test_a_donated_constant_that_is_also_closed_over_twice_after_other_donations
         f = frozenconst.jit(lambda a, w: a + w + c, donate_argnums=0)
         reference = jax.jit(lambda a, w: a + w + c, donate_argnums=0)
         for _ in range(3):
-            np.testing.assert_array_equal(np.asarray(f(c, x)), np.asarray(reference(c, x)))
+            # 3 + 1 + 3 where jax.jit itself refuses the call (see `jax_donates_closed_over_buffers`).
+            expected = np.asarray(reference(c, x)) if jax_donates_closed_over_buffers() else np.full(4, 7.0)
+            np.testing.assert_array_equal(np.asarray(f(c, x)), expected)
     np.testing.assert_array_equal(np.asarray(c + 0), 3.0)
 
 

@@ -34,6 +34,11 @@ WRAPS = [pytest.param(jax.jit, id="jax.jit"), pytest.param(frozenconst.jit, id="
 
 
 @pytest.mark.parametrize("wrap", WRAPS)
+@pytest.mark.xfail(
+    jax.__version_info__ < (0, 9),
+    reason="jax < 0.9 (seen on 0.6.2 and 0.8.3): jax.clear_caches() keeps jax.jit's static arguments",
+    strict=True,
+)
 def test_constant_reached_through_a_static_argument_is_freed_with_it(wrap):
     data = unique_data((64, 32))
     f = wrap(lambda h, w: h.c @ w, static_argnums=0)

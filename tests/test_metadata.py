@@ -151,7 +151,8 @@ def _documented():
 _READ_OFF_JAX_OBJECTS = {
     "functions, classes and pytree node types being wrapped, traced or registered": """
         __annotations__ __doc__ __fun_debug_info__ __module__ __name__ __qualname__
-        _apply_primitive _fields _fun _use_cpp tree_flatten""",
+        _apply_primitive _fields _fun _use_cpp tree_flatten
+        __fun_sourceinfo__ _pmap_tag""",
     "modules, devices, backends, XLA clients and compiled executables": """
         GpuAllocatorConfig _KW_ONLY_TYPE __file__ __path__ _device_backend _ifrt_version
         _is_gil_enabled _raw_platform _version batch_partitionable_targets clear_metadata
@@ -161,21 +162,25 @@ _READ_OFF_JAX_OBJECTS = {
         pjrt_c_api_minor_version pydev_do_not_trace register_at_fork registrations
         runtime_type serialize set_metadata slice_index stablehlo_current_version
         supports_cross_host_transfers supports_executable_serialization uint1 unsafe_call
-        xla_version""",
+        xla_version
+        Mutex RuntimeTracebackMode StringDType add_exclude_path install_failure_signal_handler
+        needs_str_ir platform replace_thread_exc_traceback shutdown""",
     "tracers, traces, avals, dtypes, shardings, effects, indexers and PRNG key data": """
         _array_module _bool _complex _debug_info _device _float _hash _hex _index _int _iter
         _len _line_info _oct _origin_msg _pretty_print _rules _setitem at convert_from
         convert_to in_avals memory_kind memory_space out_aval params parent_trace str_short
-        strip_weak_type tag transform_ndindexer""",
+        strip_weak_type tag transform_ndindexer
+        _internal_device_list check_compatible_aval to_tangent_qdd vspace_add vspace_zero""",
     "Pallas and Mosaic kernels: block specs, refs, meshes, MLIR values and dialects": """
         __len__ axis_names block_shape collective_axes core_type delay_release
         dimension_semantics effects get_ref_aval has_side_effects isinstance jaxpr logistic
         lower_block_spec name num_leaves num_scalar_prefetch oob_fill_mode orders_tensor_core
         out_block_specs pallas_interpret_element_aval physicalize predicate
-        private_unzip_debug_locations reduce_precision tiling tobytes transforms type""",
+        private_unzip_debug_locations reduce_precision tiling tobytes transforms type
+        TMAReduction async_store_smem_to_tmem for_tensor_core kernel_type""",
     "JAX's own test harness": """
         _default_global_config _default_thread_local_config thread_hostile thread_unsafe
-        time_getter""",
+        time_getter differing_executors""",
 }
 
 # `getattr(<obj>, "<name>", <default>)` and `hasattr(<obj>, "<name>")`, where <obj> has no

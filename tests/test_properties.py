@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import enable_x64
 from hypothesis import find, given
 from hypothesis import strategies as st
 
@@ -52,7 +53,7 @@ def test_pickle_round_trip(x):
 def test_source_mutation_is_never_seen(source):
     # Under x64, so 64-bit integers beyond 32 bits are held (without it they are
     # refused: JAX would wrap them on the device; see test_bad_input.py).
-    with jax.enable_x64(True):
+    with enable_x64(True):
         x = FrozenConst(source)
     assert x.dtype == source.dtype.newbyteorder("=")  # stored in native byte order
     snapshot = source.copy()

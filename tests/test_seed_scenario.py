@@ -7,6 +7,7 @@ pipeline (`JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS`) when it is imported.
 import pathlib
 import sys
 
+import jax
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
@@ -18,8 +19,19 @@ LAYERS = 12
 
 @pytest.fixture(scope="module", params=sorted(seed.PIPELINES))
 def rows(request):
+    if seed.PIPELINES[request.param] and not hasattr(jax.config, "jax_use_simplified_jaxpr_constants"):
+        pytest.skip(f"jax {jax.__version__} has one constant pipeline (the flag arrived in 0.7)")
     jobs = [(variant, LAYERS, 0.5) for variant in seed.VARIANTS]
-    measured = seed.run_in_subprocess(request.param, jobs, steps=1)
+    try:
+        measured = seed.run_in_subprocess(request.param, jobs, steps=1)
+    except RuntimeError as err:
+        # jax 0.8 and 0.9 (seen on 0.8.3 and 0.9.2) cannot lower a raw NumPy closure under
+        # the simplified pipeline ("'TypedNdArray' object has no attribute 'sharding'"):
+        # measure the other variants; the raw NumPy test then skips.
+        if "TypedNdArray" not in str(err):
+            raise
+        jobs = [job for job in jobs if job[0] != "numpy-closure"]
+        measured = seed.run_in_subprocess(request.param, jobs, steps=1)
     measured.pop()  # the environment
     return request.param, {r["variant"]: r for r in measured}
 
@@ -33,6 +45,8 @@ def test_frozenconst_jit_matches_the_argument_baseline(rows):
 
 def test_raw_numpy_closure_shows_what_it_costs(rows):
     pipeline, by_variant = rows
+    if "numpy-closure" not in by_variant:
+        pytest.skip(f"jax {jax.__version__} cannot lower a raw NumPy closure under the {pipeline} pipeline")
     numpy_row = by_variant["numpy-closure"]
     if pipeline == "simplified":
         # One device array per layer, each its own buffer (the benchmark keeps
