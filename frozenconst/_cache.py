@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Sharding, SingleDeviceSharding
 
-from ._compat import DEFAULT_DEVICE, X64, Device, eval_context
+from ._compat import DEFAULT_DEVICE, X64, Device, Tracer, eval_context
 from ._fingerprint import fingerprint
 from ._host import check_narrowing
 
@@ -214,7 +214,11 @@ class Store:
                     # No `device` argument: the result stays uncommitted, like
                     # `jnp.asarray(np_array)`, so it combines with arrays on any
                     # device. It lands on `device`, the current default.
-                    array = jax.device_put(self.host)
+                    fresh: jax.Array = jax.device_put(self.host)
+                array = fresh
+                traced = isinstance(array, Tracer)  # never cached: it would leak (see `_compat.eval_context`)
+                if traced:
+                    return array
                 self.transfers += 1
                 self._by_device[(device, dtype)] = array
                 OWNERS[id(array)] = self
@@ -243,6 +247,9 @@ class Store:
                 check_narrowing(self.host, dtype)
                 with eval_context():
                     array = self._build(sharding, dtype)
+                traced = isinstance(array, Tracer)  # never cached: it would leak (see `_compat.eval_context`)
+                if traced:
+                    return array
                 self._placed_by_dtype[(sharding, dtype)] = array
                 OWNERS[id(array)] = self
             self._placed[key] = array

@@ -7,8 +7,10 @@ like plain JAX.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -19,6 +21,8 @@ import jax.extend.core
 import jax.sharding
 from jax._src import config as _jax_config
 from jax.extend import source_info_util
+
+from ._errors import FrozenConstWarning
 
 if TYPE_CHECKING:
     # jaxlib ships no type information for its devices (`jax.Device` is a
@@ -40,6 +44,14 @@ else:
 
 def _state(name: str) -> Any:
     return getattr(_jax_config, name, None)
+
+
+# Where a fallback below keeps results right but costs something (a second
+# trace, a copy, memory), frozenconst says so once per process, at first need.
+@functools.cache
+def warn_degraded(message: str) -> None:
+    """Warn once, with a FrozenConstWarning, that a fallback for this JAX is in use."""
+    warnings.warn(message, FrozenConstWarning, stacklevel=3)
 
 
 class _Setting:
@@ -70,9 +82,13 @@ DEFAULT_DEVICE: Any = _setting("default_device", "jax_default_device")
 # `jax.core.eval_context()` makes primitives evaluate eagerly even while a trace
 # is active (inside `jit`, `grad`, `vmap`, `eval_shape`). `jax.device_put` under
 # a trace otherwise returns a tracer, and caching that would leak it.
-# `jax.ensure_compile_time_eval()` is not enough: under `eval_shape` on
-# jax 0.12 it still returns a tracer (checked on 0.10.2 and 0.12.0.1).
-eval_context: Callable[[], contextlib.AbstractContextManager[Any]] = jax.core.eval_context
+# Public in `jax.core` (checked on 0.6.2, 0.9.2, 0.10.2 and 0.12.0.1).
+# Fallback: `jax.ensure_compile_time_eval()`, under which `jax.device_put` of
+# host data is eager too under `jit`, `vmap`, `grad` and `eval_shape` (checked
+# on the same versions); the cache never keeps a tracer in any case.
+eval_context: Callable[[], contextlib.AbstractContextManager[Any]] = getattr(
+    jax.core, "eval_context", jax.ensure_compile_time_eval
+)
 
 
 # Trace contexts for `frozenconst.jit`. While it traces, a FrozenConst
@@ -237,6 +253,10 @@ def _find_opaque_trace_state() -> Callable[[], object]:
 
 
 _opaque_trace_state: Callable[[], object] = _find_opaque_trace_state()
+
+# False where neither hook exists: `frozenconst.jit` then traces every function
+# twice (the second time isolated), and warns once.
+trace_identity = _opaque_trace_state is not _unknown_trace
 
 
 # `jax.clear_caches()` calls `cache_clear()` on every cache registered with

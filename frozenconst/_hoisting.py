@@ -23,17 +23,14 @@ The frames are per thread: JAX traces on the calling thread.
 
 from __future__ import annotations
 
-import functools
 import threading
-import warnings
 from typing import Any, TypeAlias
 
 import jax
 from jax.sharding import Sharding
 
 from ._cache import Store, next_serial
-from ._compat import current_trace, trace_isolation
-from ._errors import FrozenConstWarning
+from ._compat import current_trace, trace_isolation, warn_degraded
 
 
 class Rediscover(Exception):
@@ -140,16 +137,13 @@ def resolve(store: Store, placement: Sharding | None) -> jax.Array:
     return placeholder(store)
 
 
-@functools.cache
 def _warn_embedded_once() -> None:
-    warnings.warn(
+    warn_degraded(
         "frozenconst.jit cannot isolate traces on this JAX (no trace-context config states), "
         "so a FrozenConst used inside a nested trace (a `scan` body, an inner `jax.jit`, `grad`) "
         "is captured as its device buffer, which JAX's default constant pipeline embeds in the "
         "compiled program. Results are correct. Pass the constant to the inner function as an "
-        "argument to keep it out of the program.",
-        FrozenConstWarning,
-        stacklevel=4,
+        "argument to keep it out of the program."
     )
 
 

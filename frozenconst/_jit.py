@@ -30,8 +30,10 @@ from ._compat import (
     renew_shared_trace_context,
     shared_trace_context,
     trace_context,
+    trace_identity,
     trace_isolation,
     unique_trace_context,
+    warn_degraded,
 )
 from ._errors import FrozenConstWarning
 from ._hoisting import (
@@ -258,7 +260,17 @@ class _Constants:
         self.inner = STOP if trace_isolation else BUFFER
         # Why JAX refused the program with a parameter in a nested trace, until warned.
         self.refusal: Exception | None = None
-        on_clear_caches(self, "frozenconst.jit constants")
+        if not on_clear_caches(self, "frozenconst.jit constants"):
+            warn_degraded(
+                "`jax.clear_caches()` cannot reach frozenconst.jit's constants on this JAX, so a "
+                "constant reached only through a static argument lives as long as the function."
+            )
+        if not trace_identity:
+            warn_degraded(
+                "frozenconst.jit cannot tell which trace is active on this JAX (no "
+                "`get_opaque_trace_state`), so it traces every function twice, the second time "
+                "isolated. Results are correct."
+            )
 
     def group(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Group:
         """The group for a call with these arguments (made on first need)."""

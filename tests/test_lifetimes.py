@@ -194,11 +194,11 @@ def test_nested_use_is_traced_again_isolated_once_then_never():
 
 
 def test_without_trace_isolation_nested_uses_are_correct_and_warned_once(monkeypatch):
-    from frozenconst import FrozenConstWarning, _hoisting, _jit
+    from frozenconst import FrozenConstWarning, _compat, _hoisting, _jit
 
     monkeypatch.setattr(_hoisting, "trace_isolation", False)
     monkeypatch.setattr(_jit, "trace_isolation", False)
-    _hoisting._warn_embedded_once.cache_clear()
+    _compat.warn_degraded.cache_clear()
     c = FrozenConst(unique_data((8, 8)))
     f = frozenconst.jit(lambda w: jax.lax.scan(lambda carry, _: (c @ carry, None), w, None, length=1)[0])
     with pytest.warns(FrozenConstWarning, match="cannot isolate traces") as record:
@@ -206,7 +206,7 @@ def test_without_trace_isolation_nested_uses_are_correct_and_warned_once(monkeyp
         f(jnp.ones((8, 2))).block_until_ready()
     assert len([r for r in record if issubclass(r.category, FrozenConstWarning)]) == 1
     assert_float32_close(out, np.asarray(c) @ np.ones(8), np.abs(np.asarray(c)).sum(1))
-    _hoisting._warn_embedded_once.cache_clear()
+    _compat.warn_degraded.cache_clear()
 
 
 # Functions made, lowered (traced, then lowered to a program: every cache keyed

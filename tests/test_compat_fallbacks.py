@@ -1,0 +1,255 @@
+"""Each fallback in `frozenconst/_compat.py`, forced: results stay right, and a
+fallback that costs something says so once with a FrozenConstWarning.
+
+Where the installed JAX has the public hook, the fallback is forced by
+replacing what `_compat` found at import; the last test removes the public
+hooks from JAX before frozenconst is imported, in a fresh process, so the
+detection itself is exercised. At the JAX floor (0.6.2) several of these
+fallbacks are simply what runs (`make test` runs the suite there too).
+"""
+
+import json
+import re
+import sys
+import textwrap
+
+import hypothesis
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import assert_float32_close, enable_x64, unique_data
+from helpers import run_bounded, subprocess_env
+from hypothesis import strategies as st
+
+import frozenconst
+from frozenconst import FrozenConst, FrozenConstWarning, _cache, _compat, _frozen, _hoisting, _jit, _placement
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings():
+    _compat.warn_degraded.cache_clear()
+    yield
+    _compat.warn_degraded.cache_clear()
+
+
+def _degraded(record) -> list[str]:
+    return [str(r.message) for r in record if issubclass(r.category, FrozenConstWarning)]
+
+
+def test_settings_read_through_public_config_follow_thread_local_contexts(monkeypatch):
+    # The fallback when JAX's state objects move: `jax.config.<name>`, slower, same answers.
+    x64 = _compat._Setting("jax_enable_x64")
+    device = _compat._Setting("jax_default_device")
+    for module, (x64_name, device_name) in {
+        _cache: ("X64", "DEFAULT_DEVICE"),
+        _jit: ("X64", "DEFAULT_DEVICE"),
+        _frozen: ("_X64", "_DEFAULT_DEVICE"),
+    }.items():
+        monkeypatch.setattr(module, x64_name, x64)
+        monkeypatch.setattr(module, device_name, device)
+    data = np.arange(5, dtype=np.int64) + 2**40  # needs x64 to keep its values
+    cpu = jax.devices("cpu")[0]
+    with enable_x64(True):
+        x = FrozenConst(data)
+        assert x64.value is True
+        wide = jnp.asarray(x)
+        assert wide.dtype == np.int64
+        np.testing.assert_array_equal(np.asarray(wide), data)
+        assert frozenconst.jit(lambda w: x + w)(jnp.int64(1)).dtype == np.int64
+        with jax.default_device(cpu):
+            assert device.value is cpu
+            assert jnp.asarray(x).devices() == {cpu}
+    assert x64.value is False
+
+
+def test_without_eval_context_constants_met_in_traces_are_cached_concrete(monkeypatch):
+    monkeypatch.setattr(_cache, "eval_context", jax.ensure_compile_time_eval)
+    data = unique_data((4, 3))
+    x = FrozenConst(data)
+    shape = jax.eval_shape(lambda w: jnp.asarray(x) @ w, jnp.ones(3))
+    inside = jax.jit(lambda w: jnp.asarray(x) @ w)(jnp.ones(3))
+    eager = jnp.asarray(x)
+    assert shape.shape == (4,)
+    assert_float32_close(inside, data @ np.ones(3), np.abs(data).sum(1))
+    assert not isinstance(eager, jax.core.Tracer)
+    np.testing.assert_array_equal(np.asarray(eager), data)
+    assert not any(isinstance(a, jax.core.Tracer) for a in x._store.by_setting.values())
+    assert jnp.asarray(x) is eager  # cached from the first concrete transfer on
+
+
+def test_without_trace_identity_every_trace_is_redone_isolated_and_warned(monkeypatch):
+    monkeypatch.setattr(_hoisting, "current_trace", _compat._unknown_trace)
+    monkeypatch.setattr(_jit, "trace_identity", False)
+    data = unique_data((8, 8))
+    c = FrozenConst(data)
+    traces = []
+
+    def body(w):
+        traces.append(1)
+        top = c @ w
+        return jax.lax.scan(lambda carry, _: (c @ carry, None), top, None, length=1)[0]
+
+    with pytest.warns(FrozenConstWarning, match="cannot tell which trace") as record:
+        f = frozenconst.jit(body)
+    out = f(jnp.ones(8))
+    f(jnp.ones(8) * 2).block_until_ready()
+    assert len(_degraded(record)) == 1
+    assert len(traces) == 2  # stopped once, then traced isolated, then cached
+    assert_float32_close(out, data @ (data @ np.ones(8)), np.abs(data) @ np.abs(data).sum(1))
+    # Still no constant data in the program: the size of the one taking `c` as an argument.
+    as_argument = jax.jit(
+        lambda c, w: jax.lax.scan(lambda carry, _: (c @ carry, None), c @ w, None, length=1)[0]
+    )
+    w = jnp.ones(8)
+    assert len(f.lower(w).as_text()) <= 1.1 * len(as_argument.lower(jnp.asarray(c), w).as_text())
+
+
+def test_without_a_clear_caches_hook_it_is_said_once(monkeypatch):
+    monkeypatch.setattr(_jit, "on_clear_caches", lambda cache, what: False)
+    c = FrozenConst(unique_data((3,)))
+    with pytest.warns(FrozenConstWarning, match="cannot reach frozenconst.jit's constants") as record:
+        f = frozenconst.jit(lambda w: c * w)
+        frozenconst.jit(lambda w: c + w)
+    assert len(_degraded(record)) == 1
+    np.testing.assert_array_equal(np.asarray(f(jnp.ones(3))), np.asarray(c))
+
+
+def test_trace_contexts_carried_by_the_source_file_pattern(monkeypatch):
+    # What jax < 0.8 runs; forced here on any JAX whose trace context holds the pattern.
+    context = _compat._pattern_context()
+    assert context is not None, "the HLO source-file pattern is no longer in JAX's trace context"
+    monkeypatch.setattr(_compat, "_context_state", context)
+    data = unique_data((8, 8))
+    c = FrozenConst(data)
+    traces = []
+
+    def body(w):
+        traces.append(1)
+        return jax.lax.scan(lambda carry, _: (c @ carry, None), w, None, length=2)[0]
+
+    before = jax.config.jax_hlo_source_file_canonicalization_regex
+    f = frozenconst.jit(body)
+    out = f(jnp.ones(8))
+    f(jnp.ones(8)).block_until_ready()
+    assert jax.config.jax_hlo_source_file_canonicalization_regex == before
+    assert len(traces) == 2  # the nested use stops the first trace once, then never again
+    assert_float32_close(out, data @ (data @ np.ones(8)), np.abs(data) @ np.abs(data).sum(1))
+    as_argument = jax.jit(lambda c, w: jax.lax.scan(lambda carry, _: (c @ carry, None), w, None, length=2)[0])
+    w = jnp.ones(8)
+    assert len(f.lower(w).as_text()) <= 1.1 * len(as_argument.lower(jnp.asarray(c), w).as_text())
+
+
+_FILE_NAMES = st.text(alphabet="abcxyz/._-0123456789", max_size=24)
+
+
+@hypothesis.given(
+    outside=st.sampled_from([None, "", "/site-packages/", r"^.*/(jax|flax)/", "a|b", "(?!)x"]),
+    value=st.integers(0, 10**6),
+    names=st.lists(_FILE_NAMES, max_size=8),
+)
+def test_the_pattern_context_matches_what_the_pattern_outside_matches(outside, value, names):
+    state = _compat._state("hlo_source_file_canonicalization_regex")
+    context = _compat._PatternContext(state)
+    with state(outside) if outside is not None else _nothing():
+        before = jax.config.jax_hlo_source_file_canonicalization_regex
+        with context(value):
+            inside = jax.config.jax_hlo_source_file_canonicalization_regex
+            assert inside != before
+            assert _compat._outside_pattern(inside) == (before or None)
+            for name in names:
+                expected = re.sub(before, "", name) if before else name
+                assert re.sub(inside, "", name) == expected
+        assert jax.config.jax_hlo_source_file_canonicalization_regex == before
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_without_a_mesh_reader_a_bare_partition_spec_is_refused_by_name(monkeypatch):
+    monkeypatch.setattr(_placement, "active_mesh", lambda: None)
+    mesh = jax.make_mesh((1,), ("x",))
+    with (
+        _use_mesh(mesh),
+        pytest.raises(frozenconst.FrozenConstValueError, match=r"NamedSharding\(mesh, spec\)"),
+    ):
+        FrozenConst(np.ones(4), sharding=jax.sharding.PartitionSpec("x"))
+
+
+@pytest.mark.skipif(
+    _compat._state("device_context") is None, reason=f"jax {jax.__version__} has no `device_context` state"
+)
+def test_the_mesh_read_from_jaxs_state_when_get_mesh_is_missing(monkeypatch):
+    monkeypatch.delattr(jax.sharding, "get_mesh", raising=False)
+    mesh = jax.make_mesh((1,), ("x",))
+    with _use_mesh(mesh):
+        x = FrozenConst(np.arange(4.0), sharding=jax.sharding.PartitionSpec("x"))
+    assert x.sharding_target == jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+    assert _compat.active_mesh() is None
+
+
+def _use_mesh(mesh):
+    # `jax.set_mesh` is public from jax 0.7.2; before, `jax.sharding.use_mesh`.
+    return jax.set_mesh(mesh) if hasattr(jax, "set_mesh") else jax.sharding.use_mesh(mesh)
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        n
+        for n in dir(ml_dtypes)
+        if isinstance(getattr(ml_dtypes, n), type) and n[:3] in ("flo", "int", "uin")
+    ),
+)
+def test_ml_dtypes_categories_come_from_ml_dtypes_own_info(name):
+    dtype = np.dtype(getattr(ml_dtypes, name))
+    expected = "i" if name.startswith(("int", "uint")) else "f"
+    assert _compat.ml_dtypes_category(dtype) == expected
+    assert _compat.ml_dtypes_category(np.dtype(np.float32)) == ""
+
+
+# Every public hook removed from JAX before frozenconst is imported: what
+# `_compat` then finds, and a workload that touches each of them.
+_WITHOUT_PUBLIC_HOOKS = textwrap.dedent(
+    """
+    import gc, json, warnings, weakref
+    import jax, jax.core, jax.extend.backend, jax.extend.core, jax.sharding
+    import numpy as np, jax.numpy as jnp
+    for module, name in [(jax.extend.core, "get_opaque_trace_state"), (jax.core, "eval_context")]:
+        if hasattr(module, name):  # at the JAX floor, get_opaque_trace_state is not public yet
+            delattr(module, name)
+    warnings.simplefilter("always")
+    with warnings.catch_warnings(record=True) as record:
+        import frozenconst
+        from frozenconst import FrozenConst, _compat
+        data = np.arange(64, dtype=np.float32).reshape(8, 8)
+        c = FrozenConst(data)
+        f = frozenconst.jit(lambda w: jax.lax.scan(lambda h, _: (c @ h, None), c @ w, None, length=1)[0])
+        out = np.asarray(f(jnp.ones(8)))
+        shape = jax.eval_shape(lambda w: c @ w, jnp.ones(8)).shape
+    print(json.dumps({
+        "private_trace_state": _compat._opaque_trace_state is not _compat._unknown_trace,
+        "eval_context_fallback": _compat.eval_context is jax.ensure_compile_time_eval,
+        "right": bool(np.allclose(out, data @ (data @ np.ones(8)), rtol=1e-6)),
+        "shape": list(shape),
+        "warnings": [str(w.message) for w in record if w.category is frozenconst.FrozenConstWarning],
+    }))
+    """
+)
+
+
+@pytest.mark.subprocess
+def test_with_public_hooks_removed_the_private_ones_are_found_and_results_hold():
+    code, out = run_bounded([sys.executable, "-c", _WITHOUT_PUBLIC_HOOKS], env=subprocess_env())
+    assert code == 0, out
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["private_trace_state"] is True
+    assert report["eval_context_fallback"] is True
+    assert report["right"] is True and report["shape"] == [8]
+    assert report["warnings"] == []  # nothing these fallbacks do costs anything
