@@ -13,6 +13,7 @@ from jax.extend import core as jex_core
 from jax.extend import source_info_util
 
 from ._cache import LIVE
+from ._errors import FrozenConstValueError
 from ._fingerprint import fingerprint
 
 Kind = Literal["numpy", "jax", "frozenconst"]
@@ -225,10 +226,16 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
     """
     from ._jit import JitWrapped
 
-    if isinstance(fun, JitWrapped):
-        closed = fun.trace(*args, **kwargs).jaxpr
-    else:
-        closed = jax.make_jaxpr(fun)(*args, **kwargs)
+    try:
+        if isinstance(fun, JitWrapped):
+            closed = fun.trace(*args, **kwargs).jaxpr
+        else:
+            closed = jax.make_jaxpr(fun)(*args, **kwargs)
+    except ValueError as err:
+        refused = _refused_as_array(err)
+        if refused is None:
+            raise
+        raise refused from err
     frozen_ids = {id(a) for store in list(LIVE) for a in store.cached()}
 
     found: dict[int, dict[str, Any]] = {}
@@ -279,3 +286,32 @@ def _where(eqn: Any) -> str | None:
     except Exception:  # pragma: no cover - JAX recorded nothing usable
         return None
     return text or None
+
+
+# JAX's own words when `core.typeof` meets an object with `__jax_array__` that
+# is not one of its array types (jax >= 0.7; 0.6 calls it with a
+# DeprecationWarning): an index (`a[idx]`, `a.at[idx]`) or a `jax.lax` operand.
+_JAX_REFUSAL = "__jax_array__() during abstractification"
+_HERE = os.path.dirname(__file__) + os.sep
+_JAX = os.path.dirname(jax.__file__) + os.sep
+
+
+def _refused_as_array(err: ValueError) -> FrozenConstValueError | None:
+    """The fix at the place of use, when JAX refused a FrozenConst where it wants a jax.Array."""
+    if _JAX_REFUSAL not in str(err):
+        return None
+    place = "an unknown place"
+    tb = err.__traceback__
+    while tb is not None:  # JAX has already removed its own frames from it
+        code = tb.tb_frame.f_code
+        if not code.co_filename.startswith((_HERE, _JAX)):
+            place = f"{code.co_filename}:{tb.tb_lineno} ({code.co_name})"
+        tb = tb.tb_next
+    return FrozenConstValueError(
+        f"JAX refused a value with `__jax_array__`, a FrozenConst for instance, where it takes only "
+        f"a jax.Array, at {place}: as an index (`a[idx]`, `a.at[idx]`) or a `jax.lax` operand. JAX "
+        "asks for the type of such a value before any public hook can answer. Convert it there "
+        "with `jnp.asarray(...)`, which returns a FrozenConst's cached device buffer and copies "
+        "nothing: `a[jnp.asarray(idx)]`, `lax.dynamic_slice(jnp.asarray(table), ...)`. "
+        "See docs/jax.md, Index tables."
+    )
