@@ -9,6 +9,8 @@ import pytest
 from beartype import beartype
 from conftest import live_copies, unique_data
 from flax import nnx
+from hypothesis import given
+from hypothesis import strategies as st
 from jaxtyping import Float, Int, TypeCheckError, jaxtyped
 
 import frozenconst
@@ -57,7 +59,7 @@ def test_equinox_adamw_with_weight_decay_leaves_the_constant_alone():
 def test_optax_alone_with_partition_and_combine():
     data = unique_data((8, 4))
     params = {"table": FrozenConst(data), "w": jnp.ones((4, 3))}
-    trainable, frozen = frozenconst.partition(params)
+    trainable, rest = frozenconst.partition(params)
     opt = optax.adamw(1e-1, weight_decay=0.5)
     opt_state = opt.init(trainable)
     assert all(
@@ -65,9 +67,9 @@ def test_optax_alone_with_partition_and_combine():
     )
 
     @jax.jit
-    def step(trainable, frozen, opt_state):
+    def step(trainable, rest, opt_state):
         def loss(t):
-            p = frozenconst.combine(t, frozen)
+            p = frozenconst.combine(t, rest)
             return jnp.sum((p["table"] @ p["w"]) ** 2)
 
         grads = jax.grad(loss)(trainable)
@@ -75,8 +77,8 @@ def test_optax_alone_with_partition_and_combine():
         return optax.apply_updates(trainable, updates), opt_state
 
     for _ in range(5):
-        trainable, opt_state = step(trainable, frozen, opt_state)
-    params2 = frozenconst.combine(trainable, frozen)
+        trainable, opt_state = step(trainable, rest, opt_state)
+    params2 = frozenconst.combine(trainable, rest)
     assert params2["table"] is params["table"]
     assert not np.array_equal(np.asarray(params2["w"]), np.ones((4, 3)))
     _assert_untouched(params2["table"], data)
@@ -183,3 +185,74 @@ def test_filters():
     assert not frozenconst.is_trainable(const)
     assert frozenconst.is_trainable(jnp.ones(2)) and frozenconst.is_trainable(np.ones(2))
     assert not frozenconst.is_trainable(jnp.ones(2, jnp.int32)) and not frozenconst.is_trainable("x")
+
+
+class _MLPWithConstants(eqx.Module):
+    mlp: eqx.nn.MLP  # holds activation functions: leaves an optimizer cannot hold state for
+    table: FrozenConst
+    ids: jax.Array  # integer data, not a parameter
+
+    def __call__(self, x):
+        return self.mlp(x @ self.table[self.ids].T)
+
+
+def test_partition_splits_off_exactly_what_an_optimizer_trains():
+    data = unique_data((4, 8))
+    ids = jnp.array([3, 1, 0], jnp.int32)
+    model = _MLPWithConstants(eqx.nn.MLP(3, 2, 5, depth=2, key=jax.random.key(0)), FrozenConst(data), ids)
+    trainable, rest = frozenconst.partition(model)
+    assert all(frozenconst.is_trainable(leaf) for leaf in jax.tree_util.tree_leaves(trainable))
+    assert rest.table is model.table and rest.ids is ids and rest.mlp.activation is model.mlp.activation
+    assert trainable.table is None and trainable.ids is None and trainable.mlp.activation is None
+    assert rest.mlp.layers[0].weight is None and trainable.mlp.layers[0].weight is model.mlp.layers[0].weight
+
+    opt = optax.adamw(1e-1, weight_decay=0.5)
+    opt_state = opt.init(trainable)  # failed while `partition` put the activations into `trainable`
+
+    @eqx.filter_jit  # `rest` holds functions: jax.jit would refuse it as an argument
+    def step(trainable, rest, opt_state, x):
+        grads = jax.grad(lambda t: jnp.sum(frozenconst.combine(t, rest)(x) ** 2))(trainable)
+        updates, opt_state = opt.update(grads, opt_state, trainable)
+        return optax.apply_updates(trainable, updates), opt_state
+
+    w0 = np.asarray(model.mlp.layers[0].weight)
+    for _ in range(5):
+        trainable, opt_state = step(trainable, rest, opt_state, jnp.ones(8))
+    trained = frozenconst.combine(trainable, rest)
+    assert not np.array_equal(np.asarray(trained.mlp.layers[0].weight), w0)  # floats trained
+    assert trained.ids is ids  # the integer array untouched, the very object
+    assert trained.table is model.table
+    _assert_untouched(trained.table, data)
+
+
+_leaves = st.one_of(
+    st.sampled_from([None, "name", 3, 2.5, jax.nn.relu, np.float32(1.5), np.int32(2)]),
+    st.builds(lambda n: jnp.ones(n), st.integers(0, 3)),
+    st.builds(lambda n: np.zeros(n, np.int64), st.integers(0, 3)),
+    st.builds(lambda n: FrozenConst(np.arange(n, dtype=np.float32)), st.integers(0, 3)),
+)
+_trees = st.recursive(
+    _leaves,
+    lambda children: st.one_of(
+        st.lists(children, max_size=3),
+        st.tuples(children, children),
+        st.dictionaries(st.sampled_from("abc"), children, max_size=3),
+    ),
+    max_leaves=8,
+)
+
+
+@given(_trees)
+def test_combine_inverts_partition(tree):
+    trainable, rest = frozenconst.partition(tree)
+    rebuilt = frozenconst.combine(trainable, rest)
+    flat = jax.tree_util.tree_flatten(tree, is_leaf=frozenconst.is_frozen)
+    flat_rebuilt = jax.tree_util.tree_flatten(rebuilt, is_leaf=frozenconst.is_frozen)
+    assert flat_rebuilt[1] == flat[1]
+    assert len(flat_rebuilt[0]) == len(flat[0])
+    assert all(a is b for a, b in zip(flat_rebuilt[0], flat[0], strict=True))
+    assert all(frozenconst.is_trainable(leaf) for leaf in jax.tree_util.tree_leaves(trainable))
+    assert not any(
+        frozenconst.is_trainable(leaf)
+        for leaf in jax.tree_util.tree_leaves(rest, is_leaf=frozenconst.is_frozen)
+    )
