@@ -24,6 +24,14 @@ def _assert_untouched(const, data):
     assert const.stats().transfers == 1
 
 
+class _Model(eqx.Module):
+    table: FrozenConst
+    lin: eqx.nn.Linear
+
+    def __call__(self, x):
+        return self.lin(x @ self.table)
+
+
 def test_equinox_adamw_with_weight_decay_leaves_the_constant_alone():
     data = unique_data((16, 8))
     table = FrozenConst(data)
@@ -119,21 +127,33 @@ def test_flax_nnx_split_merge_adamw_leaves_the_constant_alone(how):
     _assert_untouched(model.table, data)
 
 
-def test_flax_nnx_optimizer_never_trains_the_constant():
-    # nnx.jit returns every data attribute as an output, and JAX returns outputs
-    # in new buffers: the constant is never trained, but the model ends up with
-    # a copy. docs/training.md recommends split/merge (above) for that reason.
+def _assert_derived_copy(value, table, data):
+    # What a jitted function returns is a new buffer: a FrozenConst rebuilt from
+    # it is a derived value, equal in content but not the constant itself.
+    assert isinstance(value, FrozenConst) and value is not table and not value.is_concrete
+    with pytest.raises(frozenconst.FrozenConstTypeError, match="derived"):
+        value.stats()
+    np.testing.assert_array_equal(np.asarray(value).view(np.uint8), data.view(np.uint8))
+    assert jnp.asarray(value).unsafe_buffer_pointer() != jnp.asarray(table).unsafe_buffer_pointer()
+    assert live_copies(data) == 2  # the constant's buffer, and the copy the step returned
+
+
+class _Net(nnx.Module):
+    def __init__(self, table, rngs):
+        self.table = nnx.data(table)
+        self.lin = nnx.Linear(8, 2, rngs=rngs)
+
+    def __call__(self, x):
+        return self.lin(x @ self.table)
+
+
+def test_flax_nnx_jit_leaves_a_derived_copy_in_the_model():
+    # nnx.jit returns every data attribute as an output and writes it back into
+    # the model: the constant is never trained, but the model ends up holding a
+    # copy. docs/training.md gives the recipe below instead.
     data = unique_data((16, 8))
-
-    class Model(nnx.Module):
-        def __init__(self, rngs):
-            self.table = nnx.data(FrozenConst(data))
-            self.lin = nnx.Linear(8, 2, rngs=rngs)
-
-        def __call__(self, x):
-            return self.lin(x @ self.table)
-
-    model = Model(nnx.Rngs(0))
+    table = FrozenConst(data)
+    model = _Net(table, nnx.Rngs(0))
     opt = nnx.Optimizer(model, optax.adamw(1e-1, weight_decay=0.5), wrt=nnx.Param)
 
     @nnx.jit
@@ -143,17 +163,57 @@ def test_flax_nnx_optimizer_never_trains_the_constant():
 
     for _ in range(5):
         step(model, opt, jnp.ones((3, 16)))
-    assert isinstance(model.table, FrozenConst)
-    np.testing.assert_array_equal(np.asarray(model.table).view(np.uint8), data.view(np.uint8))
+    _assert_derived_copy(model.table, table, data)
 
 
-def test_jit_passthrough_gives_back_the_constant_itself():
-    x = FrozenConst(unique_data((4, 4)))
-    same = jax.jit(lambda c: c)(x)
-    assert isinstance(same, FrozenConst)
-    if jnp.asarray(same) is jnp.asarray(x):  # JAX forwarded the input buffer
-        assert same.is_concrete and same.fingerprint == x.fingerprint
-    assert jax.tree_util.tree_map(lambda a: a, x).is_concrete
+def test_flax_nnx_optimizer_recipe_keeps_the_constant():
+    data = unique_data((16, 8))
+    table = FrozenConst(data)
+    model = _Net(table, nnx.Rngs(0))
+    opt = nnx.Optimizer(model, optax.adamw(1e-1, weight_decay=0.5), wrt=nnx.Param)
+    graphdef, state = nnx.split((model, opt))
+
+    @jax.jit
+    def step(state, x):
+        model, opt = nnx.merge(graphdef, state)
+        grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(model)
+        opt.update(model, grads)
+        # Variables only (parameters, optimizer state): the constant is data, not
+        # a Variable, so it is an input of the step and never an output.
+        return nnx.state((model, opt), nnx.Variable)
+
+    w0 = np.asarray(model.lin.kernel[...])
+    for _ in range(5):
+        nnx.update((model, opt), step(state, jnp.ones((3, 16))))
+        state = nnx.state((model, opt))
+    assert not np.array_equal(np.asarray(model.lin.kernel[...]), w0)  # trained
+    assert model.table is table
+    _assert_untouched(model.table, data)
+
+
+@pytest.mark.parametrize("jit", [jax.jit, eqx.filter_jit], ids=["jax.jit", "eqx.filter_jit"])
+def test_equinox_model_returned_from_a_jitted_step_holds_a_derived_copy(jit):
+    data = unique_data((16, 8))
+    table = FrozenConst(data)
+    model = _Model(table, eqx.nn.Linear(8, 2, key=jax.random.key(0)))
+    returned = jit(lambda m: eqx.tree_at(lambda m: m.lin.bias, m, m.lin.bias + 1))(model)
+    assert model.table is table  # the input is untouched
+    _assert_derived_copy(returned.table, table, data)
+    # The recipe: return only the trainable half, combine outside.
+    params, static = eqx.partition(model, frozenconst.is_trainable, is_leaf=frozenconst.is_frozen)
+    params = jit(lambda p, s: eqx.tree_at(lambda m: m.lin.bias, p, p.lin.bias + 1))(params, static)
+    assert eqx.combine(params, static).table is table
+
+
+def test_jit_passthrough_gives_back_a_derived_value():
+    data = unique_data((4, 4))
+    x = FrozenConst(data)
+    _assert_derived_copy(jax.jit(lambda c: c)(x), x, data)
+    # Outside a transformation, rebuilding from the constant's own buffer gives
+    # a handle on the constant itself (same host data, same device buffer).
+    same = jax.tree_util.tree_map(lambda a: a, x)
+    assert same.is_concrete and same.stats().transfers == 1
+    assert jnp.asarray(same) is jnp.asarray(x)
 
 
 def test_jaxtyping_annotations_are_checked_at_run_time():
