@@ -38,24 +38,39 @@ def is_trainable(x: object) -> bool:
 
 
 def partition(tree: _T) -> tuple[_T, _T]:
-    """Split a pytree into (trainable, frozen): FrozenConsts go to the second, all else to the first.
+    """Split a pytree into (trainable, rest): what an optimizer should train, and everything else.
 
-    Each half has `None` where the other has a value (as in `eqx.partition`), so
-    `optimizer.init(trainable)` and `jax.grad` w.r.t. `trainable` never see a
-    constant, and weight decay cannot reach one.
+    `trainable` holds the leaves [`is_trainable`][frozenconst.is_trainable]
+    accepts (floating-point arrays that are not FrozenConsts); `rest` holds all
+    other leaves: FrozenConsts, integer and boolean arrays, functions (an
+    `eqx.nn.MLP`'s activation), strings and other Python objects. Each half has
+    `None` where the other has a value (as in `eqx.partition`), so
+    `optimizer.init(trainable)` and `jax.grad` with respect to `trainable` see
+    only what they can train, and weight decay cannot reach a constant.
+    [`combine`][frozenconst.combine] is the inverse: `combine(*partition(tree))`
+    rebuilds `tree` from the very same leaf objects.
+
+    Arguments:
+        tree: any pytree; FrozenConsts are kept whole (never flattened).
+
+    Returns:
+        `(trainable, rest)`, two pytrees with the structure of `tree`.
 
     Example:
         >>> import numpy as np, jax.numpy as jnp, frozenconst
-        >>> params = {"w": jnp.ones(2), "table": frozenconst.FrozenConst(np.ones(3))}
-        >>> trainable, frozen = frozenconst.partition(params)
-        >>> trainable["table"] is None, frozen["w"] is None
-        (True, True)
-        >>> frozenconst.combine(trainable, frozen)["table"] is params["table"]
+        >>> params = {"w": jnp.ones(2), "step": jnp.zeros((), jnp.int32),
+        ...           "table": frozenconst.FrozenConst(np.ones(3))}
+        >>> trainable, rest = frozenconst.partition(params)
+        >>> sorted(k for k, v in trainable.items() if v is not None)
+        ['w']
+        >>> sorted(k for k, v in rest.items() if v is not None)
+        ['step', 'table']
+        >>> frozenconst.combine(trainable, rest)["table"] is params["table"]
         True
     """
-    frozen: _T = jax.tree_util.tree_map(lambda x: x if is_frozen(x) else None, tree, is_leaf=is_frozen)
-    rest: _T = jax.tree_util.tree_map(lambda x: None if is_frozen(x) else x, tree, is_leaf=is_frozen)
-    return rest, frozen
+    trainable: _T = jax.tree_util.tree_map(lambda x: x if is_trainable(x) else None, tree, is_leaf=is_frozen)
+    rest: _T = jax.tree_util.tree_map(lambda x: None if is_trainable(x) else x, tree, is_leaf=is_frozen)
+    return trainable, rest
 
 
 def combine(*trees: _T) -> _T:

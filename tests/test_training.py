@@ -9,6 +9,8 @@ import pytest
 from beartype import beartype
 from conftest import live_copies, unique_data
 from flax import nnx
+from hypothesis import given
+from hypothesis import strategies as st
 from jaxtyping import Float, Int, TypeCheckError, jaxtyped
 
 import frozenconst
@@ -20,6 +22,14 @@ def _assert_untouched(const, data):
     np.testing.assert_array_equal(np.asarray(jnp.asarray(const)).view(np.uint8), data.view(np.uint8))
     assert live_copies(data) == 1  # one device buffer, observed through jax.live_arrays()
     assert const.stats().transfers == 1
+
+
+class _Model(eqx.Module):
+    table: FrozenConst
+    lin: eqx.nn.Linear
+
+    def __call__(self, x):
+        return self.lin(x @ self.table)
 
 
 def test_equinox_adamw_with_weight_decay_leaves_the_constant_alone():
@@ -57,7 +67,7 @@ def test_equinox_adamw_with_weight_decay_leaves_the_constant_alone():
 def test_optax_alone_with_partition_and_combine():
     data = unique_data((8, 4))
     params = {"table": FrozenConst(data), "w": jnp.ones((4, 3))}
-    trainable, frozen = frozenconst.partition(params)
+    trainable, rest = frozenconst.partition(params)
     opt = optax.adamw(1e-1, weight_decay=0.5)
     opt_state = opt.init(trainable)
     assert all(
@@ -65,9 +75,9 @@ def test_optax_alone_with_partition_and_combine():
     )
 
     @jax.jit
-    def step(trainable, frozen, opt_state):
+    def step(trainable, rest, opt_state):
         def loss(t):
-            p = frozenconst.combine(t, frozen)
+            p = frozenconst.combine(t, rest)
             return jnp.sum((p["table"] @ p["w"]) ** 2)
 
         grads = jax.grad(loss)(trainable)
@@ -75,8 +85,8 @@ def test_optax_alone_with_partition_and_combine():
         return optax.apply_updates(trainable, updates), opt_state
 
     for _ in range(5):
-        trainable, opt_state = step(trainable, frozen, opt_state)
-    params2 = frozenconst.combine(trainable, frozen)
+        trainable, opt_state = step(trainable, rest, opt_state)
+    params2 = frozenconst.combine(trainable, rest)
     assert params2["table"] is params["table"]
     assert not np.array_equal(np.asarray(params2["w"]), np.ones((4, 3)))
     _assert_untouched(params2["table"], data)
@@ -117,21 +127,33 @@ def test_flax_nnx_split_merge_adamw_leaves_the_constant_alone(how):
     _assert_untouched(model.table, data)
 
 
-def test_flax_nnx_optimizer_never_trains_the_constant():
-    # nnx.jit returns every data attribute as an output, and JAX returns outputs
-    # in new buffers: the constant is never trained, but the model ends up with
-    # a copy. docs/training.md recommends split/merge (above) for that reason.
+def _assert_derived_copy(value, table, data):
+    # What a jitted function returns is a new buffer: a FrozenConst rebuilt from
+    # it is a derived value, equal in content but not the constant itself.
+    assert isinstance(value, FrozenConst) and value is not table and not value.is_concrete
+    with pytest.raises(frozenconst.FrozenConstTypeError, match="derived"):
+        value.stats()
+    np.testing.assert_array_equal(np.asarray(value).view(np.uint8), data.view(np.uint8))
+    assert jnp.asarray(value).unsafe_buffer_pointer() != jnp.asarray(table).unsafe_buffer_pointer()
+    assert live_copies(data) == 2  # the constant's buffer, and the copy the step returned
+
+
+class _Net(nnx.Module):
+    def __init__(self, table, rngs):
+        self.table = nnx.data(table)
+        self.lin = nnx.Linear(8, 2, rngs=rngs)
+
+    def __call__(self, x):
+        return self.lin(x @ self.table)
+
+
+def test_flax_nnx_jit_leaves_a_derived_copy_in_the_model():
+    # nnx.jit returns every data attribute as an output and writes it back into
+    # the model: the constant is never trained, but the model ends up holding a
+    # copy. docs/training.md gives the recipe below instead.
     data = unique_data((16, 8))
-
-    class Model(nnx.Module):
-        def __init__(self, rngs):
-            self.table = nnx.data(FrozenConst(data))
-            self.lin = nnx.Linear(8, 2, rngs=rngs)
-
-        def __call__(self, x):
-            return self.lin(x @ self.table)
-
-    model = Model(nnx.Rngs(0))
+    table = FrozenConst(data)
+    model = _Net(table, nnx.Rngs(0))
     opt = nnx.Optimizer(model, optax.adamw(1e-1, weight_decay=0.5), wrt=nnx.Param)
 
     @nnx.jit
@@ -141,17 +163,57 @@ def test_flax_nnx_optimizer_never_trains_the_constant():
 
     for _ in range(5):
         step(model, opt, jnp.ones((3, 16)))
-    assert isinstance(model.table, FrozenConst)
-    np.testing.assert_array_equal(np.asarray(model.table).view(np.uint8), data.view(np.uint8))
+    _assert_derived_copy(model.table, table, data)
 
 
-def test_jit_passthrough_gives_back_the_constant_itself():
-    x = FrozenConst(unique_data((4, 4)))
-    same = jax.jit(lambda c: c)(x)
-    assert isinstance(same, FrozenConst)
-    if jnp.asarray(same) is jnp.asarray(x):  # JAX forwarded the input buffer
-        assert same.is_concrete and same.fingerprint == x.fingerprint
-    assert jax.tree_util.tree_map(lambda a: a, x).is_concrete
+def test_flax_nnx_optimizer_recipe_keeps_the_constant():
+    data = unique_data((16, 8))
+    table = FrozenConst(data)
+    model = _Net(table, nnx.Rngs(0))
+    opt = nnx.Optimizer(model, optax.adamw(1e-1, weight_decay=0.5), wrt=nnx.Param)
+    graphdef, state = nnx.split((model, opt))
+
+    @jax.jit
+    def step(state, x):
+        model, opt = nnx.merge(graphdef, state)
+        grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(model)
+        opt.update(model, grads)
+        # Variables only (parameters, optimizer state): the constant is data, not
+        # a Variable, so it is an input of the step and never an output.
+        return nnx.state((model, opt), nnx.Variable)
+
+    w0 = np.asarray(model.lin.kernel[...])
+    for _ in range(5):
+        nnx.update((model, opt), step(state, jnp.ones((3, 16))))
+        state = nnx.state((model, opt))
+    assert not np.array_equal(np.asarray(model.lin.kernel[...]), w0)  # trained
+    assert model.table is table
+    _assert_untouched(model.table, data)
+
+
+@pytest.mark.parametrize("jit", [jax.jit, eqx.filter_jit], ids=["jax.jit", "eqx.filter_jit"])
+def test_equinox_model_returned_from_a_jitted_step_holds_a_derived_copy(jit):
+    data = unique_data((16, 8))
+    table = FrozenConst(data)
+    model = _Model(table, eqx.nn.Linear(8, 2, key=jax.random.key(0)))
+    returned = jit(lambda m: eqx.tree_at(lambda m: m.lin.bias, m, m.lin.bias + 1))(model)
+    assert model.table is table  # the input is untouched
+    _assert_derived_copy(returned.table, table, data)
+    # The recipe: return only the trainable half, combine outside.
+    params, static = eqx.partition(model, frozenconst.is_trainable, is_leaf=frozenconst.is_frozen)
+    params = jit(lambda p, s: eqx.tree_at(lambda m: m.lin.bias, p, p.lin.bias + 1))(params, static)
+    assert eqx.combine(params, static).table is table
+
+
+def test_jit_passthrough_gives_back_a_derived_value():
+    data = unique_data((4, 4))
+    x = FrozenConst(data)
+    _assert_derived_copy(jax.jit(lambda c: c)(x), x, data)
+    # Outside a transformation, rebuilding from the constant's own buffer gives
+    # a handle on the constant itself (same host data, same device buffer).
+    same = jax.tree_util.tree_map(lambda a: a, x)
+    assert same.is_concrete and same.stats().transfers == 1
+    assert jnp.asarray(same) is jnp.asarray(x)
 
 
 def test_jaxtyping_annotations_are_checked_at_run_time():
@@ -183,3 +245,74 @@ def test_filters():
     assert not frozenconst.is_trainable(const)
     assert frozenconst.is_trainable(jnp.ones(2)) and frozenconst.is_trainable(np.ones(2))
     assert not frozenconst.is_trainable(jnp.ones(2, jnp.int32)) and not frozenconst.is_trainable("x")
+
+
+class _MLPWithConstants(eqx.Module):
+    mlp: eqx.nn.MLP  # holds activation functions: leaves an optimizer cannot hold state for
+    table: FrozenConst
+    ids: jax.Array  # integer data, not a parameter
+
+    def __call__(self, x):
+        return self.mlp(x @ self.table[self.ids].T)
+
+
+def test_partition_splits_off_exactly_what_an_optimizer_trains():
+    data = unique_data((4, 8))
+    ids = jnp.array([3, 1, 0], jnp.int32)
+    model = _MLPWithConstants(eqx.nn.MLP(3, 2, 5, depth=2, key=jax.random.key(0)), FrozenConst(data), ids)
+    trainable, rest = frozenconst.partition(model)
+    assert all(frozenconst.is_trainable(leaf) for leaf in jax.tree_util.tree_leaves(trainable))
+    assert rest.table is model.table and rest.ids is ids and rest.mlp.activation is model.mlp.activation
+    assert trainable.table is None and trainable.ids is None and trainable.mlp.activation is None
+    assert rest.mlp.layers[0].weight is None and trainable.mlp.layers[0].weight is model.mlp.layers[0].weight
+
+    opt = optax.adamw(1e-1, weight_decay=0.5)
+    opt_state = opt.init(trainable)  # failed while `partition` put the activations into `trainable`
+
+    @eqx.filter_jit  # `rest` holds functions: jax.jit would refuse it as an argument
+    def step(trainable, rest, opt_state, x):
+        grads = jax.grad(lambda t: jnp.sum(frozenconst.combine(t, rest)(x) ** 2))(trainable)
+        updates, opt_state = opt.update(grads, opt_state, trainable)
+        return optax.apply_updates(trainable, updates), opt_state
+
+    w0 = np.asarray(model.mlp.layers[0].weight)
+    for _ in range(5):
+        trainable, opt_state = step(trainable, rest, opt_state, jnp.ones(8))
+    trained = frozenconst.combine(trainable, rest)
+    assert not np.array_equal(np.asarray(trained.mlp.layers[0].weight), w0)  # floats trained
+    assert trained.ids is ids  # the integer array untouched, the very object
+    assert trained.table is model.table
+    _assert_untouched(trained.table, data)
+
+
+_leaves = st.one_of(
+    st.sampled_from([None, "name", 3, 2.5, jax.nn.relu, np.float32(1.5), np.int32(2)]),
+    st.builds(lambda n: jnp.ones(n), st.integers(0, 3)),
+    st.builds(lambda n: np.zeros(n, np.int64), st.integers(0, 3)),
+    st.builds(lambda n: FrozenConst(np.arange(n, dtype=np.float32)), st.integers(0, 3)),
+)
+_trees = st.recursive(
+    _leaves,
+    lambda children: st.one_of(
+        st.lists(children, max_size=3),
+        st.tuples(children, children),
+        st.dictionaries(st.sampled_from("abc"), children, max_size=3),
+    ),
+    max_leaves=8,
+)
+
+
+@given(_trees)
+def test_combine_inverts_partition(tree):
+    trainable, rest = frozenconst.partition(tree)
+    rebuilt = frozenconst.combine(trainable, rest)
+    flat = jax.tree_util.tree_flatten(tree, is_leaf=frozenconst.is_frozen)
+    flat_rebuilt = jax.tree_util.tree_flatten(rebuilt, is_leaf=frozenconst.is_frozen)
+    assert flat_rebuilt[1] == flat[1]
+    assert len(flat_rebuilt[0]) == len(flat[0])
+    assert all(a is b for a, b in zip(flat_rebuilt[0], flat[0], strict=True))
+    assert all(frozenconst.is_trainable(leaf) for leaf in jax.tree_util.tree_leaves(trainable))
+    assert not any(
+        frozenconst.is_trainable(leaf)
+        for leaf in jax.tree_util.tree_leaves(rest, is_leaf=frozenconst.is_frozen)
+    )

@@ -1,0 +1,209 @@
+"""The `disk` section: peak memory of building a constant from a `.npy` file.
+
+    python -m benchmarks.disk                   # 256 MiB and 1 GiB files (needs about 3 GiB free)
+    python -m benchmarks.disk --sizes 64 256    # other sizes, in MiB
+    python -m benchmarks disk                   # the same, from the suite's entry point
+
+For each size it writes a float32 `.npy`, then measures, each in a fresh
+interpreter that has already imported JAX and frozenconst, how much the
+process's peak resident set grows while it builds
+
+- `np.load(path)`: the baseline, one array read into memory;
+- `FrozenConst(np.load(path))`: read into memory, then copied once;
+- `FrozenConst(np.load(path, mmap_mode="r"))`: copied once from the mapped file;
+
+each also after its first use on the device (`jnp.asarray`). The peak is read
+from the OS (`VmHWM` in `/proc/self/status`, reset through `/proc/self/clear_refs`
+before the build where the kernel allows it; `getrusage`'s `ru_maxrss` is not
+reset, so after JAX's imports it would hide a small build); growth is reported
+as a multiple of the constant's size. Pages of
+the file that a memory map has read count in the resident set while mapped,
+as the kernel counts them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import numpy as np
+
+MIB = 1 << 20
+MODES = ("np.load", "np.load + FrozenConst", "mmap + FrozenConst")
+
+
+def _status() -> dict[str, int]:
+    """VmRSS, VmHWM, RssAnon and RssFile of this process, in bytes."""
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+                fields[key] = int(value.split()[0]) * 1024
+    return fields
+
+
+def _reset_peak() -> bool:
+    # Writing 5 resets VmHWM to the current resident set (Linux >= 4.0); where
+    # the kernel refuses, the peak so far (imports) is the baseline instead.
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def _worker(mode: str, path: str) -> dict[str, Any]:
+    import gc
+
+    import jax.numpy as jnp
+
+    from frozenconst import FrozenConst
+
+    jnp.zeros(1).block_until_ready()  # JAX's backend started before the baseline
+    gc.collect()
+    reset = _reset_peak()
+    before = _status()
+    source: Any = None
+    if mode == "np.load":
+        value: Any = np.load(path)
+    elif mode == "np.load + FrozenConst":
+        value = FrozenConst(np.load(path))
+    elif mode == "mmap + FrozenConst":
+        source = np.load(path, mmap_mode="r")  # kept mapped until measured: its pages count
+        value = FrozenConst(source)
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    gc.collect()
+    built = _status()
+    del source  # unmapped: what stays is the constant's own copy
+    gc.collect()
+    kept = _status()
+    jnp.asarray(value).block_until_ready()
+    gc.collect()
+    used = _status()
+    base = before["VmRSS"] if reset else before["VmHWM"]
+    peak = built["VmHWM"] - base
+    # Both the copy's anonymous pages and the file pages it read only grow
+    # during a build, so the resident set peaks at its end, and the file's
+    # share of that peak is what is mapped at the end.
+    mapped = built["RssFile"] - before["RssFile"]
+    return {
+        "mode": mode,
+        "nbytes": int(np.prod(value.shape)) * value.dtype.itemsize,
+        "peak_reset": reset,
+        "build_peak_growth": peak,
+        "mapped_file_at_peak": mapped,
+        "anon_peak_growth": peak - mapped,
+        "kept_after_build": kept["VmRSS"] - before["VmRSS"],
+        "use_peak_growth": used["VmHWM"] - base,
+    }
+
+
+def environment() -> dict[str, str]:
+    import platform
+
+    import jax
+
+    return {
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "numpy": np.__version__,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
+        "memory": f"{os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB",
+        "backend": jax.default_backend(),
+    }
+
+
+def measure(path: pathlib.Path, mode: str, timeout: float = 600) -> dict[str, Any]:
+    """One build of `mode` from `path`, in a fresh interpreter."""
+    env = dict(os.environ)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    root = str(pathlib.Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.disk", "--worker", mode, str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"disk benchmark worker failed ({mode}):\n{out.stderr[-4000:]}")
+    row: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return row
+
+
+def write_npy(path: pathlib.Path, mib: int) -> None:
+    """A float32 `.npy` of `mib` MiB of random data, written in 64 MiB blocks (no full copy in memory)."""
+    n = mib * MIB // 4
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n,))
+    rng = np.random.default_rng(0)
+    block = 16 * MIB
+    for start in range(0, n, block):
+        out[start : start + block] = rng.standard_normal(min(block, n - start), dtype=np.float32)
+    out.flush()
+    del out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| constant | build | peak RSS growth | of it, mapped file pages | anonymous peak "
+        "| kept after build | peak after first device use |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        size = r["nbytes"]
+        cells = [
+            r[k] / size
+            for k in (
+                "build_peak_growth",
+                "mapped_file_at_peak",
+                "anon_peak_growth",
+                "kept_after_build",
+                "use_peak_growth",
+            )
+        ]
+        lines.append(
+            f"| {size / MIB:,.0f} MiB | `{r['mode']}` | " + " | ".join(f"{c:.2f}x" for c in cells) + " |"
+        )
+    return "\n".join(lines)
+
+
+def main(sizes_mib: list[int]) -> list[dict[str, Any]]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="frozenconst-disk-") as tmp:
+        for mib in sizes_mib:
+            path = pathlib.Path(tmp) / f"const-{mib}.npy"
+            write_npy(path, mib)
+            for mode in MODES:
+                rows.append(measure(path, mode))
+            path.unlink()
+    print("\n".join(f"- {k}: {v}" for k, v in environment().items()))
+    print()
+    print(table(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024], help="file sizes in MiB")
+    parser.add_argument("--json", action="store_true", help="also print the rows as JSON")
+    parser.add_argument("--worker", nargs=2, metavar=("MODE", "PATH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(_worker(*args.worker)))
+    else:
+        result = main(args.sizes)
+        if args.json:
+            print(json.dumps(result))

@@ -1,0 +1,38 @@
+"""A constant built from a memory-mapped `.npy` holds one copy in memory: the OS's own figures."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+from helpers import ROOT, run_bounded, subprocess_env
+
+MIB = 1 << 20
+
+
+@pytest.mark.subprocess
+def test_building_from_a_memory_map_costs_one_copy_of_anonymous_memory(tmp_path):
+    path = tmp_path / "const.npy"
+    np.save(path, np.random.default_rng(0).standard_normal(16 * MIB).astype(np.float32))  # 64 MiB
+    rows = {}
+    for mode in ("np.load + FrozenConst", "mmap + FrozenConst"):
+        code, out = run_bounded(
+            [sys.executable, "-m", "benchmarks.disk", "--worker", mode, str(path)],
+            env=subprocess_env(),
+            cwd=ROOT,
+        )
+        assert code == 0, out
+        rows[mode] = json.loads(out.strip().splitlines()[-1])
+        if not rows[mode]["peak_reset"]:
+            pytest.skip("this kernel refuses to reset the peak resident set (/proc/self/clear_refs)")
+    size = 64 * MIB
+    loaded, mapped = rows["np.load + FrozenConst"], rows["mmap + FrozenConst"]
+    assert loaded["nbytes"] == mapped["nbytes"] == size
+    # Read into memory, then copied: two copies at the peak.
+    assert loaded["anon_peak_growth"] >= 1.8 * size
+    # Copied from the map: one copy of anonymous memory; the file's pages the
+    # copy read count in the resident set while mapped (clean page cache).
+    assert mapped["anon_peak_growth"] < 1.5 * size
+    assert 0.8 * size < mapped["mapped_file_at_peak"] < 1.2 * size
+    for row in (loaded, mapped):
+        assert 0.8 * size < row["kept_after_build"] < 1.2 * size  # the constant alone stays
