@@ -97,8 +97,8 @@ class FedArrays:
 
     __slots__ = ("__weakref__",)
 
-    def forget(self) -> None:
-        """Drop the arrays kept."""
+    def forget(self, store: Store | None = None) -> None:
+        """Drop the arrays kept (those of `store`, or all)."""
 
 
 # Every live holder of fed arrays, held weakly.
@@ -286,7 +286,7 @@ class Store:
         single-device sharding, the default buffer on that device). The next use transfers again."""
         CACHE_EPOCH.value += 1
         for holder in list(FED):
-            holder.forget()
+            holder.forget(self)
         with self._lock:
             if sharding is None:
                 for table in (self.by_setting, self._by_device, self._placed, self._placed_by_dtype):

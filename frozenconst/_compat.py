@@ -338,6 +338,13 @@ def ml_dtypes_category(dtype: Any) -> str:
     return ""
 
 
+# JAX's constant pipeline, read once at import as JAX itself reads it (jax
+# 0.10.2 `array.py` makes `ArrayImpl` a literal type at import when it is on).
+# `jax_use_simplified_jaxpr_constants` exists from jax 0.7; before, only the
+# default pipeline exists.
+SIMPLIFIED_CONSTANTS = bool(getattr(jax.config, "jax_use_simplified_jaxpr_constants", False))
+
+
 # --- no_numpy_constants: seeing each program JAX lowers (used by _guard.py) ---
 # Reason: the guard must see every constant of every program JAX compiles,
 # as data. JAX's captured-constants report (`jax_captured_constants_warn_bytes`)

@@ -11,6 +11,13 @@ A constant made while the trace runs belongs to that trace: it resolves to its
 device buffer, which JAX treats as any `jax.Array` made inside a traced
 function, and nothing outlives the trace.
 
+A constant the frame `captures` also resolves to its device buffer, as a
+closed-over `jax.Array` does under `jax.jit`: under JAX's simplified constant
+pipeline, every constant (JAX itself passes such buffers to the executable, at
+a fraction of an argument's cost per call, and embeds none over 32 bytes);
+under the default pipeline, small constants (JAX embeds them, which costs less
+per call than a parameter).
+
 A constant used inside a trace nested in ours (a `scan` body, an inner
 `jax.jit`, `grad`) would leave our tracer in JAX's cache of that inner trace.
 The first such use stops the trace (before JAX caches anything), and the
@@ -24,6 +31,7 @@ The frames are per thread: JAX traces on the calling thread.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import jax
@@ -59,6 +67,8 @@ class Frame:
 
     Attributes:
         known: each known constant's parameter in this trace.
+        captures: which constants resolve to their buffers.
+        captured: the stores of the constants that did.
         inner: how a constant used inside a nested trace resolves (`STOP`,
             `PARAMETER` or `BUFFER`).
         pending: constants met for the first time, to be parameters next time.
@@ -66,11 +76,15 @@ class Frame:
         stops: how many times a nested trace was stopped (`STOP`).
     """
 
-    __slots__ = ("inner", "known", "nested", "pending", "serial", "stops", "trace")
+    __slots__ = ("captured", "captures", "inner", "known", "nested", "pending", "serial", "stops", "trace")
 
-    def __init__(self, known: dict[Source, Any], inner: str) -> None:
+    def __init__(self, known: dict[Source, Any], inner: str, captures: Callable[[Source], bool]) -> None:
         self.known = known
         self.inner = inner
+        # Which constants resolve to their device buffers, as a closed-over
+        # `jax.Array` does under `jax.jit` (`_jit._Constants.captures`).
+        self.captures = captures
+        self.captured: list[Store] = []
         self.pending: list[Source] = []
         self.nested: list[Source] = []
         self.stops = 0
@@ -119,6 +133,9 @@ def resolve(store: Store, placement: Sharding | None) -> jax.Array:
     source = (store, placement)
     if store.serial > frame.serial:
         return source_array(source)  # made by this trace: one of its own constants
+    if frame.captures(source):
+        frame.captured.append(store)
+        return source_array(source)
     if current_trace() != frame.trace:
         if source not in frame.nested:
             frame.nested.append(source)

@@ -13,8 +13,10 @@ from __future__ import annotations
 import functools
 import inspect
 import operator
+import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, overload
 
@@ -25,6 +27,7 @@ from . import _hoisting
 from ._cache import ACCOUNTING, CACHE_EPOCH, FED, FedArrays, Store
 from ._compat import (
     DEFAULT_DEVICE,
+    SIMPLIFIED_CONSTANTS,
     X64,
     on_clear_caches,
     renew_shared_trace_context,
@@ -176,7 +179,7 @@ class _Group(FedArrays):
             FED.add(self)
         return consts
 
-    def forget(self) -> None:
+    def forget(self, store: Store | None = None) -> None:
         """Drop the arrays fed last (an eviction, or the end of this group)."""
         self.fed = None
 
@@ -233,12 +236,20 @@ def _getter(indices: tuple[int, ...]) -> Callable[[tuple[Any, ...]], tuple[Any, 
     return (lambda args: (get(args),)) if len(indices) == 1 else get
 
 
+# Under JAX's default constant pipeline, a FrozenConst of at most this many
+# bytes is captured as its device buffer, which JAX embeds in the program, as
+# `jax.jit` embeds a closed-over array: an executable parameter costs about
+# 0.4 us per call (jax 0.10.2 and 0.12.0.1, CPU), so a function holding
+# hundreds of small tables would pay more per call than their bytes are worth.
+# The same size below which `frozenconst.audit` gives no advice.
+EMBED_MAX_BYTES = 1024
+
 # The group of calls whose static arguments cannot be hashed (`jax.jit` refuses
 # them with its own error, which the call then raises).
 _UNHASHABLE = object()
 
 
-class _Constants:
+class _Constants(FedArrays):
     """What a `frozenconst.jit` function knows of its constants: a `_Group` per static configuration.
 
     Shared by the wrapper (which feeds the constants) and its traced function
@@ -247,10 +258,16 @@ class _Constants:
     a constant reached only through a static argument is freed with them.
     """
 
-    def __init__(self, fun: Callable[..., Any], static: _Argnums | None) -> None:
+    def __init__(self, fun: Callable[..., Any], static: _Argnums | None, capture_max: int) -> None:
         self._fun = fun
         self._lock = threading.Lock()
         self.static = static
+        self.capture_max = capture_max
+        # Stores whose buffers a trace captured: JAX's caches of this function
+        # hold them, so evicting one of them renews the function (`forget`).
+        self.captured: weakref.WeakSet[Store] = weakref.WeakSet()
+        # The wrapper's `_renew`, held weakly (the wrapper holds this object).
+        self.renew: weakref.WeakMethod[Callable[[], None]] | None = None
         self.groups: dict[Any, _Group] = {}
         # The group of a function without static arguments, read by every call.
         self.single: _Group | None = None
@@ -287,7 +304,8 @@ class _Constants:
                     # globals the code names) are parameters from the first
                     # trace on, which saves that trace's redo; anything else is
                     # found by tracing.
-                    found = self.groups[key] = _Group(_visible_constants(self._fun))
+                    visible = _visible_constants(self._fun)
+                    found = self.groups[key] = _Group([s for s in visible if not self.captures(s)])
                     if self.static is None:
                         self.single = found
         return found
@@ -300,6 +318,28 @@ class _Constants:
             self.groups.clear()
             self.single = None
 
+    def captures(self, source: Source) -> bool:
+        """Whether a trace takes this constant's device buffer, as `jax.jit` takes a closed-over
+        array, rather than making it a parameter (see `EMBED_MAX_BYTES`, `SIMPLIFIED_CONSTANTS`)."""
+        store, placement = source
+        if store.host.nbytes > self.capture_max:
+            return False
+        if placement is not None:
+            # JAX refuses to close over an array that spans other processes.
+            return bool(placement.is_fully_addressable)
+        # Under the simplified pipeline JAX passes a captured buffer as it is: one
+        # without a declared placement must still follow a multi-device
+        # computation's mesh (`_feed`), so it stays a parameter there.
+        return not SIMPLIFIED_CONSTANTS or not _multi_device()
+
+    def forget(self, store: Store | None = None) -> None:
+        """An eviction: drop what JAX compiled with `store`'s buffers captured."""
+        if store is None or store in self.captured:
+            self.captured.clear()
+            renew = None if self.renew is None else self.renew()
+            if renew is not None:
+                renew()
+
     def cache_info(self) -> int:
         """How many static configurations are known (for JAX's cache listings)."""
         return len(self.groups)
@@ -310,7 +350,14 @@ class JitWrapped:
 
     def __init__(self, fun: Callable[..., Any], jit_kwargs: dict[str, Any]) -> None:
         self._fun = fun
-        self._constants = _Constants(fun, _Argnums.of(fun, jit_kwargs, "static"))
+        embed_max_bytes = jit_kwargs.pop("embed_max_bytes", EMBED_MAX_BYTES)
+        if isinstance(embed_max_bytes, bool) or not isinstance(embed_max_bytes, int) or embed_max_bytes < 0:
+            raise TypeError(
+                "frozenconst.jit's `embed_max_bytes` takes a non-negative int (bytes), but received "
+                f"{embed_max_bytes!r}. Pass 0 to pass every FrozenConst as a parameter."
+            )
+        capture_max = sys.maxsize if SIMPLIFIED_CONSTANTS else embed_max_bytes
+        self._constants = _Constants(fun, _Argnums.of(fun, jit_kwargs, "static"), capture_max)
         self._donated = _Argnums.of(fun, jit_kwargs, "donate")
         # Whether a call donated a buffer also fed as a constant (then every
         # call checks, and feeds a copy of such a constant instead).
@@ -324,8 +371,15 @@ class JitWrapped:
         in_shardings = kwargs.get("in_shardings")
         if isinstance(in_shardings, (tuple, list)):
             kwargs["in_shardings"] = (None, *in_shardings)
+        self._jit_kwargs = kwargs
         self._jitted = jax.jit(_make_traced(fun, self._constants), **kwargs)
+        self._constants.renew = weakref.WeakMethod(self._renew)
         functools.update_wrapper(self, fun)
+
+    def _renew(self) -> None:
+        # A new traced function: JAX's caches of the old one (and the device
+        # buffers they captured) go with it.
+        self._jitted = jax.jit(_make_traced(self._fun, self._constants), **self._jit_kwargs)
 
     def _retrying(self, step: Callable[[_Group, tuple[jax.Array, ...]], Any], args: Any, kwargs: Any) -> Any:
         for _ in range(_MAX_ROUNDS):
@@ -454,7 +508,7 @@ def _make_traced(fun: Callable[..., Any], constants: _Constants) -> Callable[...
 
     def traced(consts: tuple[Any, ...], /, *args: Any, **kwargs: Any) -> Any:
         group = constants.group(args, kwargs)
-        frame = Frame(dict(zip(group.sources, consts, strict=False)), constants.inner)
+        frame = Frame(dict(zip(group.sources, consts, strict=False)), constants.inner, constants.captures)
         context = shared_trace_context() if frame.inner == STOP else unique_trace_context()
         stopped = 0  # stops that reached this function (not caught on the way)
         enter(frame)
@@ -475,6 +529,9 @@ def _make_traced(fun: Callable[..., Any], constants: _Constants) -> Callable[...
                 raise
         finally:
             leave()
+            if frame.captured:
+                constants.captured.update(frame.captured)
+                FED.add(constants)
             if frame.pending:
                 # To the group in the table now (`jax.clear_caches()` may have
                 # replaced the one this trace started with).

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_float32_close, enable_x64, unique_data
+from conftest import SIMPLIFIED, assert_float32_close, enable_x64, unique_data
 from helpers import run_bounded, subprocess_env
 from hypothesis import strategies as st
 
@@ -92,11 +92,13 @@ def test_without_trace_identity_every_trace_is_redone_isolated_and_warned(monkey
         return jax.lax.scan(lambda carry, _: (c @ carry, None), top, None, length=1)[0]
 
     with pytest.warns(FrozenConstWarning, match="cannot tell which trace") as record:
-        f = frozenconst.jit(body)
+        f = frozenconst.jit(body, embed_max_bytes=0)
     out = f(jnp.ones(8))
     f(jnp.ones(8) * 2).block_until_ready()
     assert len(_degraded(record)) == 1
-    assert len(traces) == 2  # stopped once, then traced isolated, then cached
+    # Default pipeline: stopped once, then traced isolated, then cached. Simplified:
+    # the constant is captured as its buffer, as by jax.jit, and nothing is stopped.
+    assert len(traces) == (1 if SIMPLIFIED else 2)
     assert_float32_close(out, data @ (data @ np.ones(8)), np.abs(data) @ np.abs(data).sum(1))
     # Still no constant data in the program: the size of the one taking `c` as an argument.
     as_argument = jax.jit(
@@ -130,11 +132,12 @@ def test_trace_contexts_carried_by_the_source_file_pattern(monkeypatch):
         return jax.lax.scan(lambda carry, _: (c @ carry, None), w, None, length=2)[0]
 
     before = jax.config.jax_hlo_source_file_canonicalization_regex
-    f = frozenconst.jit(body)
+    f = frozenconst.jit(body, embed_max_bytes=0)
     out = f(jnp.ones(8))
     f(jnp.ones(8)).block_until_ready()
     assert jax.config.jax_hlo_source_file_canonicalization_regex == before
-    assert len(traces) == 2  # the nested use stops the first trace once, then never again
+    # Default pipeline: the nested use stops the first trace once, then never again.
+    assert len(traces) == (1 if SIMPLIFIED else 2)
     assert_float32_close(out, data @ (data @ np.ones(8)), np.abs(data) @ np.abs(data).sum(1))
     as_argument = jax.jit(lambda c, w: jax.lax.scan(lambda carry, _: (c @ carry, None), w, None, length=2)[0])
     w = jnp.ones(8)

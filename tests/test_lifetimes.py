@@ -9,13 +9,14 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 import weakref
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_float32_close, live_copies, unique_data
+from conftest import SIMPLIFIED, assert_float32_close, live_copies, unique_data
 
 import frozenconst
 from frozenconst import FrozenConst
@@ -79,7 +80,9 @@ def test_each_call_is_fed_only_the_constants_its_executable_takes():
     # 30 static configurations, each reaching a constant of its own: the program
     # of one configuration takes that constant and the argument, nothing more,
     # exactly as `jax.jit` with the constant passed as an argument.
-    f = frozenconst.jit(lambda h, w: h.c @ w, static_argnums=0)
+    # (Simplified pipeline: the constant is captured, as by jax.jit, and the
+    # program takes only the argument.)
+    f = frozenconst.jit(lambda h, w: h.c @ w, static_argnums=0, embed_max_bytes=0)
     holders = [Holder(FrozenConst(unique_data((8, 8)))) for _ in range(30)]
     w = jnp.ones(8)
     for h in holders:
@@ -87,25 +90,25 @@ def test_each_call_is_fed_only_the_constants_its_executable_takes():
     baseline = jax.jit(lambda c, w: c @ w).trace(holders[0].c, w).jaxpr
     for h in (holders[0], holders[-1]):
         program = f.trace(h, w).jaxpr
-        assert len(program.jaxpr.invars) == len(baseline.jaxpr.invars) == 2
+        assert len(program.jaxpr.invars) == len(baseline.jaxpr.invars) - SIMPLIFIED == 2 - SIMPLIFIED
         assert program.consts == []
     assert_float32_close(
         f(holders[7], w), np.asarray(holders[7].c) @ np.ones(8), np.abs(np.asarray(holders[7].c)).sum(1)
     )
-    assert f.constants == 30  # over all configurations
+    assert f.constants == (0 if SIMPLIFIED else 30)  # over all configurations
 
 
 def test_static_arguments_by_name_and_by_position_share_their_constants():
     c = FrozenConst(unique_data((8, 8)))
     d = FrozenConst(unique_data((8, 8)))
-    f = frozenconst.jit(lambda w, table: table.c @ w, static_argnames="table")
+    f = frozenconst.jit(lambda w, table: table.c @ w, static_argnames="table", embed_max_bytes=0)
     w = jnp.ones(8)
     hc, hd = Holder(c), Holder(d)
     for h in (hc, hd):
         assert_float32_close(f(w, table=h), np.asarray(h.c) @ np.ones(8), np.abs(np.asarray(h.c)).sum(1))
         assert_float32_close(f(w, h), np.asarray(h.c) @ np.ones(8), np.abs(np.asarray(h.c)).sum(1))
-        assert len(f.trace(w, h).jaxpr.jaxpr.invars) == 2
-        assert len(f.trace(w, table=h).jaxpr.jaxpr.invars) == 2
+        assert len(f.trace(w, h).jaxpr.jaxpr.invars) == 2 - SIMPLIFIED
+        assert len(f.trace(w, table=h).jaxpr.jaxpr.invars) == 2 - SIMPLIFIED
 
 
 def test_unhashable_static_argument_raises_jax_jits_own_error():
@@ -181,12 +184,13 @@ def test_nested_use_is_traced_again_isolated_once_then_never():
         traces.append(w.shape)
         return jax.lax.scan(lambda carry, _: (c @ carry, None), w, None, length=2)[0]
 
-    jitted = frozenconst.jit(f)
+    jitted = frozenconst.jit(f, embed_max_bytes=0)
     for n in (1, 2):
         w = jnp.ones((8, n))
         a = np.asarray(c)
         assert_float32_close(jitted(w), a @ (a @ np.ones((8, n))), np.abs(a) @ (np.abs(a) @ np.ones((8, n))))
-    assert traces == [(8, 1), (8, 1), (8, 2)]  # one redo, on the first trace only
+    # Default pipeline: one redo, on the first trace only. Simplified: captured, no redo.
+    assert traces == ([(8, 1), (8, 2)] if SIMPLIFIED else [(8, 1), (8, 1), (8, 2)])
     # No constant data in the program: the size of the one taking `c` as an argument.
     as_argument = jax.jit(lambda c, w: jax.lax.scan(lambda carry, _: (c @ carry, None), w, None, length=2)[0])
     w = jnp.ones((8, 3))
@@ -200,11 +204,18 @@ def test_without_trace_isolation_nested_uses_are_correct_and_warned_once(monkeyp
     monkeypatch.setattr(_jit, "trace_isolation", False)
     _compat.warn_degraded.cache_clear()
     c = FrozenConst(unique_data((8, 8)))
-    f = frozenconst.jit(lambda w: jax.lax.scan(lambda carry, _: (c @ carry, None), w, None, length=1)[0])
-    with pytest.warns(FrozenConstWarning, match="cannot isolate traces") as record:
+    f = frozenconst.jit(
+        lambda w: jax.lax.scan(lambda carry, _: (c @ carry, None), w, None, length=1)[0], embed_max_bytes=0
+    )
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
         out = f(jnp.ones(8))
         f(jnp.ones((8, 2))).block_until_ready()
-    assert len([r for r in record if issubclass(r.category, FrozenConstWarning)]) == 1
+    said = [str(r.message) for r in record if issubclass(r.category, FrozenConstWarning)]
+    # Default pipeline: embedded by JAX, said once. Simplified: captured, as by
+    # jax.jit, and never embedded: nothing is degraded, nothing said.
+    assert len(said) == (0 if SIMPLIFIED else 1)
+    assert all("cannot isolate traces" in m for m in said)
     assert_float32_close(out, np.asarray(c) @ np.ones(8), np.abs(np.asarray(c)).sum(1))
     _compat.warn_degraded.cache_clear()
 

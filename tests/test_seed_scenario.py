@@ -37,10 +37,15 @@ def rows(request):
 
 
 def test_frozenconst_jit_matches_the_argument_baseline(rows):
-    _, by_variant = rows
+    pipeline, by_variant = rows
     ours, base = by_variant["frozenconst.jit"], by_variant["argument"]
     assert ours["live_copies"] == base["live_copies"] == 1
-    assert ours["hlo_bytes"] <= 1.05 * base["hlo_bytes"]
+    # Default pipeline: the constant is a parameter, as in the argument baseline.
+    # Simplified: its buffer is captured and JAX passes it to the executable, as
+    # for a FrozenConst closed over under jax.jit; no data in the program either way.
+    floor = base if pipeline == "default" else by_variant["frozenconst-closure"]
+    assert ours["hlo_bytes"] <= 1.05 * floor["hlo_bytes"]
+    assert ours["hlo_bytes"] * 10 < ours["const_bytes"]
 
 
 def test_raw_numpy_closure_shows_what_it_costs(rows):
