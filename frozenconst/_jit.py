@@ -425,7 +425,7 @@ class JitWrapped:
 
 
 def _warn_refused(sources: list[Source], err: Exception) -> None:
-    names = ", ".join(f"FrozenConst {s.host.dtype}{list(s.host.shape)}" for s, _ in sources)
+    names = ", ".join(f"FrozenConst {s.dtype}{list(s.shape)}" for s, _ in sources)
     reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
     warnings.warn(
         f"frozenconst.jit: JAX refused this program with {names} as a parameter used inside a "
