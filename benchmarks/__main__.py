@@ -3,6 +3,7 @@
     python -m benchmarks                 # everything (make bench): the seed scenario and the core section
     python -m benchmarks seed            # seed scenario: L in 10, 40, 160; 1, 4, 16 MiB; both pipelines
     python -m benchmarks core            # construction, transfer, zero-copy, cache hits, scaling, digests
+    python -m benchmarks multihost       # constants bigger than one host: per-process RSS, 2 and 4 processes
     python -m benchmarks --quick         # smaller sweeps (a smoke run)
 
 Every figure is a ratio to a baseline measured in the same run: the constant
@@ -19,7 +20,7 @@ import pathlib
 import statistics
 from typing import Any
 
-from . import core, seed
+from . import core, multihost, seed
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 
@@ -133,7 +134,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("section", nargs="?", choices=["all", "seed", "core"], default="all")
+    parser.add_argument("section", nargs="?", choices=["all", "seed", "core", "multihost"], default="all")
     parser.add_argument("--quick", action="store_true", help="smaller sweeps")
     parser.add_argument("--repeats", type=int, default=3, help="seed runs per configuration (median)")
     args = parser.parse_args()
@@ -141,6 +142,8 @@ def main() -> None:
         run_seed(args.quick, args.repeats)
     if args.section in ("all", "core"):
         core.main(args.quick, DOCS)
+    if args.section in ("all", "multihost"):
+        multihost.main(args.quick, DOCS)
 
 
 if __name__ == "__main__":
