@@ -127,7 +127,7 @@ class FrozenConst(_StaticBase):
     def from_callback(
         cls,
         shape: Sequence[int],
-        sharding: jax.sharding.Sharding,
+        sharding: Target,
         data_callback: Callable[[tuple[slice, ...]], ArrayLike],
         *,
         dtype: DTypeLike,
@@ -144,7 +144,8 @@ class FrozenConst(_StaticBase):
 
         Arguments:
             shape: the global shape.
-            sharding: a `jax.sharding.Sharding` (the constant's declared placement).
+            sharding: the constant's declared placement: a `Sharding`, a device, or a
+                `PartitionSpec` under `jax.set_mesh`.
             data_callback: `index -> array`, `index` a tuple of slices.
             dtype: the constant's dtype (required, unlike JAX's: every process must
                 agree on it without asking the others); slices of another dtype are
