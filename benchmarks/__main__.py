@@ -3,7 +3,9 @@
     python -m benchmarks                 # everything (make bench): the seed scenario and the core section
     python -m benchmarks seed            # seed scenario: L in 10, 40, 160; 1, 4, 16 MiB; both pipelines
     python -m benchmarks core            # construction, transfer, zero-copy, cache hits, scaling, digests
-    python -m benchmarks disk            # peak memory building constants from .npy files (not in "all")
+    python -m benchmarks disk            # peak memory building constants from 256 MiB and 1 GiB .npy files
+    python -m benchmarks multihost       # constants bigger than one host: per-process RSS, 2 and 4 processes
+    python -m benchmarks constants       # per-call cost against the number of constants, with the peers
     python -m benchmarks --quick         # smaller sweeps (a smoke run)
 
 Every figure is a ratio to a baseline measured in the same run: the constant
@@ -20,7 +22,7 @@ import pathlib
 import statistics
 from typing import Any
 
-from . import core, disk, seed
+from . import constants, core, disk, multihost, seed
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 
@@ -134,7 +136,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("section", nargs="?", choices=["all", "seed", "core", "disk"], default="all")
+    parser.add_argument(
+        "section", nargs="?", choices=["all", "seed", "core", "constants", "disk", "multihost"], default="all"
+    )
     parser.add_argument("--quick", action="store_true", help="smaller sweeps")
     parser.add_argument("--repeats", type=int, default=3, help="seed runs per configuration (median)")
     args = parser.parse_args()
@@ -142,8 +146,12 @@ def main() -> None:
         run_seed(args.quick, args.repeats)
     if args.section in ("all", "core"):
         core.main(args.quick, DOCS)
-    if args.section == "disk":  # writes up to 1 GiB to a temporary directory: asked for by name only
-        disk.main([64] if args.quick else [256, 1024])
+    if args.section in ("all", "constants"):
+        constants.main(args.quick, DOCS)
+    if args.section in ("all", "disk"):  # writes up to 1 GiB to a temporary directory
+        disk.main([64] if args.quick else [256, 1024], DOCS)
+    if args.section in ("all", "multihost"):
+        multihost.main(args.quick, DOCS)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from ._errors import CapturedNumpyConstantError as CapturedNumpyConstantError
 from ._errors import FrozenConstTypeError as FrozenConstTypeError
 from ._errors import FrozenConstValueError as FrozenConstValueError
 from ._errors import FrozenConstWarning as FrozenConstWarning
+from ._errors import NotAddressableError as NotAddressableError
 from ._errors import TracedValueError as TracedValueError
 from ._frozen import FrozenConst as FrozenConst
 from ._guard import no_numpy_constants as no_numpy_constants

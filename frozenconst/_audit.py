@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
@@ -34,10 +35,13 @@ class CapturedConstant:
             `"frozenconst"` (a FrozenConst's cached buffer).
         shape: the shape.
         dtype: the dtype's name.
-        nbytes: bytes of data.
+        nbytes: bytes of data (of a constant spread over several processes: the
+            bytes of the slices this process holds).
         uses: how many times the traced program references it.
         first_use: where it is first used (`file:line:column (function)`), if JAX recorded it.
-        fingerprint: a digest of dtype, shape and bytes.
+        fingerprint: a digest of dtype, shape and bytes (`sha256-local:...` for a
+            constant spread over several processes: of this process's slices only,
+            which differs between processes).
     """
 
     kind: Kind
@@ -244,33 +248,14 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
         key = id(value)
         entry = found.get(key)
         if entry is None:
+            kind: Kind = "numpy"
             if isinstance(value, jax.Array):
-                kind: Kind = "frozenconst" if key in frozen_ids else "jax"
-                host = np.asarray(value)
-            else:
-                kind = "numpy"
-                host = np.asarray(value)
-            entry = found[key] = {
-                "kind": kind,
-                "host": host,
-                "uses": 0,
-                "first_use": _where(eqn),
-            }
+                kind = "frozenconst" if key in frozen_ids else "jax"
+            entry = found[key] = {"kind": kind, **_describe(value), "uses": 0, "first_use": _where(eqn)}
             order.append(key)
         entry["uses"] += 1
 
-    constants = [
-        CapturedConstant(
-            kind=e["kind"],
-            shape=tuple(e["host"].shape),
-            dtype=e["host"].dtype.name,
-            nbytes=int(e["host"].nbytes),
-            uses=e["uses"],
-            first_use=e["first_use"],
-            fingerprint=fingerprint(e["host"]),
-        )
-        for e in (found[k] for k in order)
-    ]
+    constants = [CapturedConstant(**found[k]) for k in order]
     constants.sort(key=lambda c: -c.nbytes)
     total = sum(c.nbytes for c in constants)
     duplicate = 0
@@ -278,6 +263,33 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
         copies = sum(max(c.device_copies, 1) for c in group)
         duplicate += (copies - 1) * group[0].nbytes
     return AuditReport(tuple(constants), _pipeline(), total, duplicate)
+
+
+def _describe(value: Any) -> dict[str, Any]:
+    """Shape, dtype name, bytes this process holds, and fingerprint of a captured constant."""
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        # Spread over several processes (a constant bigger than one host): only
+        # this process's slices can be read here, each distinct index once.
+        digest = hashlib.sha256(f"{value.dtype}|{value.shape}|".encode())
+        seen: dict[str, np.ndarray[Any, Any]] = {}
+        for shard in value.addressable_shards:
+            seen.setdefault(str(shard.index), np.asarray(shard.data))
+        for index in sorted(seen):
+            digest.update(index.encode())
+            digest.update(np.ascontiguousarray(seen[index]).reshape(-1).view(np.uint8).data)
+        return {
+            "shape": tuple(value.shape),
+            "dtype": np.dtype(value.dtype).name,
+            "nbytes": sum(int(a.nbytes) for a in seen.values()),
+            "fingerprint": f"sha256-local:{digest.hexdigest()}",
+        }
+    host = np.asarray(value)
+    return {
+        "shape": tuple(host.shape),
+        "dtype": host.dtype.name,
+        "nbytes": int(host.nbytes),
+        "fingerprint": fingerprint(host),
+    }
 
 
 def _where(eqn: Any) -> str | None:

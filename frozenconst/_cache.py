@@ -159,18 +159,28 @@ class Store:
         "__weakref__",
         "_by_device",
         "_fingerprint",
+        "_host",
         "_lock",
         "_placed",
         "_placed_by_dtype",
         "by_setting",
+        "dtype",
         "hits",
-        "host",
         "serial",
+        "shape",
         "transfers",
     )
 
+    # Whether this process holds only some slices (`_partial.PartialStore`).
+    partial: bool = False
+
     def __init__(self, host: np.ndarray[Any, Any]) -> None:
-        self.host = host
+        self._host = host
+        self._setup(host.shape, host.dtype)
+
+    def _setup(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+        self.shape: tuple[int, ...] = shape
+        self.dtype: np.dtype[Any] = dtype
         self.serial = next_serial()
         self._lock = threading.Lock()
         self._fingerprint: str | None = None
@@ -189,6 +199,30 @@ class Store:
         self._placed: dict[tuple[Sharding, Any], jax.Array] = {}
         self._placed_by_dtype: dict[tuple[Sharding, np.dtype[Any]], jax.Array] = {}
 
+    # -- the host side ---------------------------------------------------------
+
+    @property
+    def host(self) -> np.ndarray[Any, Any]:
+        """The whole frozen host buffer."""
+        return self._host
+
+    def whole(self, what: str) -> np.ndarray[Any, Any]:
+        """The whole frozen host buffer, which `what` (an operation, in words) needs."""
+        return self._host
+
+    def host_buffers(self) -> tuple[np.ndarray[Any, Any], ...]:
+        """Every frozen host buffer this process holds for the constant."""
+        return (self._host,)
+
+    @property
+    def host_nbytes(self) -> int:
+        """Bytes of the frozen host buffers this process holds."""
+        return sum(b.nbytes for b in self.host_buffers())
+
+    def check_device_dtype(self, dtype: np.dtype[Any]) -> None:
+        """Raise unless the host data keeps every integer on a device as `dtype`."""
+        check_narrowing(self._host, dtype)
+
     # -- the default placement -------------------------------------------------
 
     def default_array(self) -> jax.Array:
@@ -205,11 +239,11 @@ class Store:
 
     def _transfer_default(self, key: tuple[Any, Any]) -> jax.Array:
         device = _default_device(key[0])
-        dtype = jax.dtypes.canonicalize_dtype(self.host.dtype)
+        dtype = jax.dtypes.canonicalize_dtype(self.dtype)
         with self._lock:
             array = self._by_device.get((device, dtype))
             if array is None or array.is_deleted():
-                check_narrowing(self.host, dtype)  # x64 may have been switched off since construction
+                self.check_device_dtype(dtype)  # x64 may have been switched off since construction
                 with eval_context():
                     # No `device` argument: the result stays uncommitted, like
                     # `jnp.asarray(np_array)`, so it combines with arrays on any
@@ -240,11 +274,11 @@ class Store:
 
     def _place(self, key: tuple[Sharding, Any]) -> jax.Array:
         sharding = key[0]
-        dtype = jax.dtypes.canonicalize_dtype(self.host.dtype)
+        dtype = jax.dtypes.canonicalize_dtype(self.dtype)
         with self._lock:
             array = self._placed_by_dtype.get((sharding, dtype))
             if array is None or array.is_deleted():
-                check_narrowing(self.host, dtype)
+                self.check_device_dtype(dtype)
                 with eval_context():
                     array = self._build(sharding, dtype)
                 traced = isinstance(array, Tracer)  # never cached: it would leak (see `_compat.eval_context`)
@@ -320,7 +354,7 @@ class Store:
     def fingerprint(self) -> str:
         """The content digest, computed once on first request."""
         if self._fingerprint is None:
-            self._fingerprint = fingerprint(self.host)
+            self._fingerprint = fingerprint(self.whole("x.fingerprint"))
         return self._fingerprint
 
     def __del__(self, _retired: _Retired = RETIRED) -> None:

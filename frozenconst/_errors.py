@@ -28,6 +28,18 @@ class FrozenConstValueError(ValueError):
     """
 
 
+class NotAddressableError(FrozenConstValueError):
+    """Raised when an operation needs slices of a constant that this process does not hold.
+
+    A constant built with a sharding that spans several processes, from a
+    memory-mapped array or [`from_callback`][frozenconst.FrozenConst.from_callback],
+    holds only the slices this process's devices address. Whole-array host
+    access (`np.asarray(x)`, `x.fingerprint`, pickling) and placements that
+    need other slices raise this; the message names the slices and the
+    collective to use instead (docs: "Constants bigger than one host").
+    """
+
+
 class CapturedNumpyConstantError(AssertionError):
     """Raised by [`no_numpy_constants`][frozenconst.no_numpy_constants] when a traced
     function captured a raw NumPy constant above its size threshold.
@@ -48,6 +60,7 @@ for _cls in (
     FrozenConstTypeError,
     TracedValueError,
     FrozenConstValueError,
+    NotAddressableError,
     CapturedNumpyConstantError,
     FrozenConstWarning,
 ):

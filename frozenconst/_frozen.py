@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
@@ -19,6 +19,7 @@ from ._compat import DEFAULT_DEVICE as _DEFAULT_DEVICE
 from ._compat import X64 as _X64
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._host import as_dtype, freeze, frozen_copy, native, to_numpy
+from ._partial import PartialStore, from_callback, from_source, lazily_sliceable
 from ._placement import Target, as_sharding
 from ._stats import ConstStats, const_stats
 
@@ -90,22 +91,87 @@ class FrozenConst(_StaticBase):
         *,
         sharding: Target | None = None,
     ) -> None:
+        placement = None
         if (
             isinstance(obj, FrozenConst)
             and obj._store is not None
-            and (dtype is None or native(as_dtype(dtype)) == obj._store.host.dtype)
+            and (dtype is None or native(as_dtype(dtype)) == obj._store.dtype)
         ):
             store = obj._store
+        elif (
+            sharding is not None
+            and lazily_sliceable(obj)
+            and not (placement := as_sharding(sharding, np.shape(obj))).is_fully_addressable
+        ):
+            # A memory-mapped source placed across processes: this process
+            # freezes only the slices its devices address.
+            store = from_source(obj, dtype, placement)  # type: ignore[arg-type]
         else:
             what = None
             if isinstance(obj, FrozenConst):
                 what = "the `FrozenConst` it received"
-                obj = obj._leaf if obj._store is None else obj._store.host
+                if obj._store is None:
+                    obj = obj._leaf
+                else:
+                    obj = obj._store.whole(f"FrozenConst(x, dtype={dtype!r})")
             # Validated (bad kinds, values the dtype cannot hold, integers JAX
             # would wrap on the device under the current x64 setting), copied once.
             store = Store(frozen_copy(obj, dtype, what))
-        placement = None if sharding is None else as_sharding(sharding, store.host.shape)
+        if sharding is not None and placement is None:
+            placement = _placement_for(store, sharding)
+        elif isinstance(store, PartialStore) and placement is None:
+            placement = store.home
         self._init(store, None, placement)
+
+    @classmethod
+    def from_callback(
+        cls,
+        shape: Sequence[int],
+        sharding: Target,
+        data_callback: Callable[[tuple[slice, ...]], ArrayLike],
+        *,
+        dtype: DTypeLike,
+    ) -> FrozenConst:
+        """A constant built slice by slice, as `jax.make_array_from_callback` builds an array.
+
+        `data_callback(index)` is called once per distinct index that this process's
+        devices address under `sharding` (devices that replicate a slice share one
+        call) and returns that slice, `whole[index]`. Each slice is validated and
+        copied into frozen host memory, so changing what the callback returned
+        later changes nothing. Where `sharding` spans several processes, this
+        process holds only its slices (docs: "Constants bigger than one host");
+        otherwise the slices are assembled into one whole constant.
+
+        Arguments:
+            shape: the global shape.
+            sharding: the constant's declared placement: a `Sharding`, a device, or a
+                `PartitionSpec` under `jax.set_mesh`.
+            data_callback: `index -> array`, `index` a tuple of slices.
+            dtype: the constant's dtype (required, unlike JAX's: every process must
+                agree on it without asking the others); slices of another dtype are
+                converted with the checks of `FrozenConst(obj, dtype)`.
+
+        Raises:
+            FrozenConstValueError: a slice of the wrong shape, or the sharding does
+                not fit `shape`.
+            FrozenConstTypeError: a slice or dtype JAX cannot hold.
+
+        Example:
+            >>> import jax, numpy as np
+            >>> from jax.sharding import SingleDeviceSharding
+            >>> from frozenconst import FrozenConst
+            >>> whole = np.arange(6.0).reshape(2, 3)
+            >>> sharding = SingleDeviceSharding(jax.devices()[0])
+            >>> x = FrozenConst.from_callback((2, 3), sharding, lambda index: whole[index], dtype=np.float32)
+            >>> x
+            FrozenConst([[0., 1., 2.],
+                         [3., 4., 5.]], dtype=float32)
+        """
+        full = tuple(int(n) for n in shape)
+        placement = as_sharding(sharding, full)
+        handle = object.__new__(cls)
+        handle._init(from_callback(full, placement, data_callback, dtype), None, placement)
+        return handle
 
     def _init(self, store: Store | None, leaf: Any, placement: jax.sharding.Sharding | None = None) -> None:
         self._store = store
@@ -209,7 +275,7 @@ class FrozenConst(_StaticBase):
             True
         """
         store = self._concrete_store("on")
-        return store.placed(as_sharding(target, store.host.shape))
+        return store.placed(as_sharding(target, store.shape))
 
     def placed(self, target: Target) -> FrozenConst:
         """A handle on the same constant whose every use gets this placement.
@@ -227,7 +293,7 @@ class FrozenConst(_StaticBase):
         """
         store = self._concrete_store("placed")
         handle = object.__new__(FrozenConst)
-        handle._init(store, None, as_sharding(target, store.host.shape))
+        handle._init(store, None, _placement_for(store, target))
         return handle
 
     @property
@@ -275,7 +341,7 @@ class FrozenConst(_StaticBase):
             False
         """
         if self._store is not None:
-            self._store.evict(None if target is None else as_sharding(target, self._store.host.shape))
+            self._store.evict(None if target is None else as_sharding(target, self._store.shape))
 
     @property
     def fingerprint(self) -> str:
@@ -316,10 +382,10 @@ class FrozenConst(_StaticBase):
 
     # -- the host side ---------------------------------------------------------
 
-    def _host(self) -> np.ndarray[Any, Any]:
+    def _host(self, what: str) -> np.ndarray[Any, Any]:
         store = self._store
         if store is not None:
-            return store.host
+            return store.whole(what)
         return self._host_store().host
 
     def _host_store(self) -> Store:
@@ -332,7 +398,7 @@ class FrozenConst(_StaticBase):
     def __array__(
         self, dtype: DTypeLike | None = None, context: None = None, copy: bool | None = None
     ) -> np.ndarray[Any, Any]:
-        host = self._host()
+        host = self._host("np.asarray(x)")
         if copy:
             return np.array(host, dtype=dtype, copy=True)
         if dtype is None or np.dtype(dtype) == host.dtype:
@@ -360,7 +426,7 @@ class FrozenConst(_StaticBase):
         A consumer that only speaks DLPack < 1.0 cannot be told that the buffer is
         read-only, so it receives a copy instead (unless `copy=False`).
         """
-        host = self._host()
+        host = self._host("x.__dlpack__()")
         try:
             return host.__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
         except BufferError:
@@ -370,7 +436,7 @@ class FrozenConst(_StaticBase):
 
     def __dlpack_device__(self) -> tuple[int, int]:
         """The DLPack device of the host buffer: the CPU."""
-        device: tuple[int, int] = self._host().__dlpack_device__()
+        device: tuple[int, int] = self._host("x.__dlpack_device__()").__dlpack_device__()
         return device
 
     # -- metadata --------------------------------------------------------------
@@ -379,16 +445,14 @@ class FrozenConst(_StaticBase):
     def shape(self) -> tuple[int, ...]:
         """The array's shape."""
         if self._store is not None:
-            shape: tuple[int, ...] = self._store.host.shape
-            return shape
+            return self._store.shape
         return tuple(self._leaf.shape)
 
     @property
     def dtype(self) -> np.dtype[Any]:
         """The dtype of the host data (on device JAX may narrow it: float64 to float32 without x64)."""
         if self._store is not None:
-            dtype: np.dtype[Any] = self._store.host.dtype
-            return dtype
+            return self._store.dtype
         leaf_dtype: np.dtype[Any] = np.dtype(self._leaf.dtype)
         return leaf_dtype
 
@@ -430,6 +494,12 @@ class FrozenConst(_StaticBase):
     def __repr__(self) -> str:
         if self._store is None:
             return f"FrozenConst(derived from {self._leaf!r})"
+        if isinstance(self._store, PartialStore):
+            store = self._store
+            return (
+                f"FrozenConst(shape={store.shape}, dtype={store.dtype}, process {jax.process_index()} "
+                f"holds {store.held()}, {_human(store.host_nbytes)})"
+            )
         host = self._store.host
         if host.size <= _REPR_MAX_ELEMENTS:
             body = np.array2string(host, separator=", ", prefix="FrozenConst(")
@@ -476,7 +546,7 @@ class FrozenConst(_StaticBase):
         # buffers are recreated on first use after unpickling, and the unpickled
         # copy is frozen again. The read-only host buffer itself is pickled: the
         # unpickled array is the caller's, and `FrozenConst` copies it.
-        host = self._host()
+        host = self._host("pickle.dumps(x)")
         if self._placement is None:
             return (FrozenConst, (host,))
         return (_unpickle_placed, (host, _placement_state(self._placement)))
@@ -596,6 +666,13 @@ def _unpickle_placed(host: np.ndarray[Any, Any], state: tuple[Any, ...]) -> Froz
         )
         return FrozenConst(host)
     return FrozenConst(host, sharding=sharding)
+
+
+def _placement_for(store: Store, target: Target) -> jax.sharding.Sharding:
+    sharding = as_sharding(target, store.shape)
+    if isinstance(store, PartialStore):
+        store.parts(sharding)  # refuses, now, a placement that needs slices not held here
+    return sharding
 
 
 def adopt_host(host: np.ndarray[Any, Any]) -> FrozenConst:

@@ -172,8 +172,8 @@ def placeholder(store: Store) -> jax.Array:
     itself: JAX keeps an abandoned trace alive while a constant it captured is
     referenced (its `finalize_const` registration), and with it the buffer.
     """
-    dtype = jax.dtypes.canonicalize_dtype(store.host.dtype)
-    zeros: jax.Array = jax.lax.full(store.host.shape, 0, dtype)
+    dtype = jax.dtypes.canonicalize_dtype(store.dtype)
+    zeros: jax.Array = jax.lax.full(store.shape, 0, dtype)
     return zeros
 
 

@@ -19,6 +19,7 @@ aliasing) and halved the copy's speed on this machine class (1.6 against
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -461,27 +462,58 @@ def freeze(
         _check_castable(src.dtype, dtype, what)  # some pairs of ml_dtypes types have no conversion
         check = _value_check(src.dtype, dtype, what)
     nbytes = src.size * dtype.itemsize
+    source = None
     if nbytes >= _PAGE_MATCH_MIN_BYTES and src.flags.c_contiguous and src.dtype == dtype:
-        # Same offset within a page as the source, rounded down to 64 bytes.
         source = _address(src)
-        raw = np.empty(nbytes + _PAGE, np.uint8)
-        offset = (source - source % ALIGNMENT - _address(raw)) % _PAGE
-    else:
-        raw = np.empty(nbytes + ALIGNMENT, np.uint8)
-        offset = -_address(raw) % ALIGNMENT
-    window = raw[offset : offset + nbytes]
+    raw, window = _aligned(nbytes, source)
     if nbytes:
         target = window.view(dtype).reshape(src.shape)
         if check is None:
             np.copyto(target, src, casting="unsafe")
         else:
             _checked_copy(target, src, check)
+    del raw
+    return _hand_over(window, dtype, src.shape)
+
+
+def _aligned(nbytes: int, source: int | None = None) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """A fresh allocation and, inside it, a 64-byte aligned window of `nbytes` bytes.
+
+    With `source` (the address of the data to be copied in), the window sits at
+    the source's offset within a 4 KiB page, rounded down to 64 bytes.
+    """
+    if source is not None:
+        raw = np.empty(nbytes + _PAGE, np.uint8)
+        offset = (source - source % ALIGNMENT - _address(raw)) % _PAGE
+    else:
+        raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+        offset = -_address(raw) % ALIGNMENT
+    return raw, raw[offset : offset + nbytes]
+
+
+def _hand_over(
+    window: np.ndarray[Any, Any], dtype: np.dtype[Any], shape: tuple[int, ...]
+) -> np.ndarray[Any, Any]:
     # Hand the bytes over read-only through DLPack (as uint8, which every DLPack
-    # version supports, whatever the dtype), then drop every writable reference.
+    # version supports, whatever the dtype); the caller drops every writable reference.
     window.flags.writeable = False
     owned = np.from_dlpack(window)
-    del raw, window
-    return owned.view(dtype).reshape(src.shape)
+    del window
+    return owned.view(dtype).reshape(shape)
+
+
+def freeze_parts(
+    shape: tuple[int, ...], dtype: np.dtype[Any], parts: list[tuple[tuple[slice, ...], np.ndarray[Any, Any]]]
+) -> np.ndarray[Any, Any]:
+    """One frozen buffer of `shape` and `dtype` filled from `(index, data)` parts, each
+    already of `dtype` and of its index's shape, that together cover it."""
+    raw, window = _aligned(math.prod(shape) * dtype.itemsize)
+    if window.size:
+        target = window.view(dtype).reshape(shape)
+        for index, data in parts:
+            np.copyto(target[index], data)
+    del raw
+    return _hand_over(window, dtype, shape)
 
 
 def _checked_copy(

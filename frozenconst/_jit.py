@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import operator
 import sys
 import threading
@@ -322,7 +323,7 @@ class _Constants(FedArrays):
         """Whether a trace takes this constant's device buffer, as `jax.jit` takes a closed-over
         array, rather than making it a parameter (see `EMBED_MAX_BYTES`, `SIMPLIFIED_CONSTANTS`)."""
         store, placement = source
-        if store.host.nbytes > self.capture_max:
+        if math.prod(store.shape) * store.dtype.itemsize > self.capture_max:
             return False
         if placement is not None:
             # JAX refuses to close over an array that spans other processes.
@@ -491,7 +492,7 @@ class JitWrapped:
 
 
 def _warn_refused(sources: list[Source], err: Exception) -> None:
-    names = ", ".join(f"FrozenConst {s.host.dtype}{list(s.host.shape)}" for s, _ in sources)
+    names = ", ".join(f"FrozenConst {s.dtype}{list(s.shape)}" for s, _ in sources)
     reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
     warnings.warn(
         f"frozenconst.jit: JAX refused this program with {names} as a parameter used inside a "

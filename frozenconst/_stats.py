@@ -18,7 +18,8 @@ class ConstStats:
     """Accounting for one constant (`x.stats()`).
 
     Attributes:
-        host_bytes: bytes of the frozen host buffer.
+        host_bytes: bytes of the frozen host buffer (of a constant bigger than one
+            host: of the slices this process holds).
         device_bytes: bytes of cached device buffers, per device.
         transfers: host-to-device transfers made so far (one per shard).
         hits: requests for a device buffer served from the cache. JAX may ask
@@ -26,7 +27,9 @@ class ConstStats:
         placements: how many placements are cached.
         zero_copy: whether the default-device buffer aliases the frozen host
             buffer (on JAX's CPU backend), `False` if it is a copy, `None` if
-            there is no default-device buffer yet.
+            there is no default-device buffer yet. For a constant bigger than
+            one host: whether every device buffer of its declared placement
+            aliases its frozen slice (`None` before the first use).
     """
 
     host_bytes: int
@@ -49,7 +52,8 @@ class Stats:
 
     Attributes:
         live_constants: constants alive now (constants sharing one buffer count once).
-        host_bytes: bytes of their frozen host buffers.
+        host_bytes: bytes of their frozen host buffers in this process (a constant
+            bigger than one host counts the slices this process holds).
         device_bytes: bytes of their cached device buffers, per device.
         aliased_bytes: of those, bytes that alias the host buffers (CPU zero-copy).
         transfers: host-to-device transfers made, by these and by constants
@@ -84,14 +88,39 @@ def _device_bytes(arrays: Iterable[jax.Array]) -> tuple[dict[Device, int], set[t
     return per_device, seen
 
 
-def const_stats(store: Store) -> ConstStats:
-    arrays = store.cached()
-    per_device = _device_bytes(arrays)[0]
+def _aliasing(store: Store, arrays: list[jax.Array]) -> tuple[bool | None, int]:
+    """(zero_copy, aliased bytes): whether the default buffer aliases the host buffer, and
+    the bytes of device buffers that alias host buffers. For a partial constant, whose
+    device buffers are made per device from its frozen slices: whether every device
+    buffer of the declared placement aliases its slice, and the bytes of those that do."""
+    if store.partial:
+        addresses = {b.ctypes.data for b in store.host_buffers() if b.nbytes}
+        home = [a for a in arrays if a.sharding == getattr(store, "home", None)]
+        zero_copy = (
+            None
+            if not home
+            else all(s.data.unsafe_buffer_pointer() in addresses for a in home for s in a.addressable_shards)
+        )
+        _, buffers = _device_bytes(arrays)
+        sizes = {
+            (s.device, s.data.unsafe_buffer_pointer()): s.data.nbytes
+            for a in arrays
+            for s in a.addressable_shards
+        }
+        return zero_copy, sum(sizes[b] for b in buffers if b[1] in addresses)
     host_address = store.host.ctypes.data
     defaults = [a for a in arrays if not a.committed]
     zero_copy = None if not defaults else any(a.unsafe_buffer_pointer() == host_address for a in defaults)
+    aliased = sum(a.nbytes for a in defaults if a.unsafe_buffer_pointer() == host_address)
+    return zero_copy, aliased
+
+
+def const_stats(store: Store) -> ConstStats:
+    arrays = store.cached()
+    per_device = _device_bytes(arrays)[0]
+    zero_copy = _aliasing(store, arrays)[0]
     return ConstStats(
-        host_bytes=store.host.nbytes,
+        host_bytes=store.host_nbytes,
         device_bytes=types.MappingProxyType(per_device),
         transfers=store.transfers,
         hits=store.hits,
@@ -123,13 +152,10 @@ def stats() -> Stats:
         one = _device_bytes(arrays)[0]
         for device, n in one.items():
             per_device[device] = per_device.get(device, 0) + n
-        host_address = store.host.ctypes.data
-        aliased += sum(
-            a.nbytes for a in arrays if not a.committed and a.unsafe_buffer_pointer() == host_address
-        )
+        aliased += _aliasing(store, arrays)[1]
     return Stats(
         live_constants=len(stores),
-        host_bytes=sum(s.host.nbytes for s in stores),
+        host_bytes=sum(s.host_nbytes for s in stores),
         device_bytes=types.MappingProxyType(per_device),
         aliased_bytes=aliased,
         transfers=RETIRED.transfers + sum(s.transfers for s in stores),

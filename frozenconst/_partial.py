@@ -1,0 +1,244 @@
+"""Partial constants: each process freezes only the slices its own devices address.
+
+A constant whose sharding spans several processes, built from a source that can
+be read by slice without loading it whole (a memory-mapped array, or a callback
+`index -> array`), holds one frozen host buffer per distinct index that this
+process's devices address: devices that replicate a slice share one buffer.
+Each slice is frozen as a whole constant is (`_host.freeze`: an owned copy,
+64-byte aligned, read-only down to its owner), so on JAX's CPU backend each
+device buffer aliases its slice instead of copying it (jax #37830). The global
+`jax.Array` is assembled from the per-device buffers with the public
+`jax.make_array_from_single_device_arrays`: nothing moves between processes.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
+
+import jax
+import numpy as np
+from jax.sharding import Sharding, SingleDeviceSharding
+from numpy.typing import DTypeLike
+
+from ._cache import Store
+from ._compat import Device
+from ._errors import FrozenConstValueError, NotAddressableError
+from ._host import as_dtype, check_dtype, check_narrowing, freeze, freeze_parts, frozen_copy, native, to_numpy
+
+# An index as (start, stop) per axis: hashable, and the same for equal slices
+# however JAX spelled them (`slice(None)` or `slice(0, n)`).
+Key: TypeAlias = tuple[tuple[int, int], ...]
+# What `jax.make_array_from_callback` passes its callback: one slice per axis.
+Index: TypeAlias = tuple[slice, ...]
+
+_GATHER = "jax.experimental.multihost_utils.process_allgather(x.on(x.sharding_target), tiled=True)"
+
+
+def _key(index: Index, shape: tuple[int, ...]) -> Key:
+    # JAX's shardings give contiguous slices (step 1) along every axis.
+    return tuple(s.indices(n)[:2] for s, n in zip(index, shape, strict=True))
+
+
+def _index(key: Key) -> Index:
+    return tuple(slice(a, b) for a, b in key)
+
+
+def describe(key: Key, shape: tuple[int, ...]) -> str:
+    """An index in NumPy's words: `[0:32, :]`."""
+    parts = [":" if (a, b) == (0, n) else f"{a}:{b}" for (a, b), n in zip(key, shape, strict=True)]
+    return f"[{', '.join(parts)}]"
+
+
+def lazily_sliceable(obj: object) -> bool:
+    """Whether `obj` is a NumPy array backed by a memory map (`np.memmap`, `np.load(..., mmap_mode=...)`
+    or a view of either): a slice of it reads only that slice's pages."""
+    seen = 0
+    while isinstance(obj, np.ndarray) and seen < 64:
+        if isinstance(obj, np.memmap):
+            return True
+        obj = obj.base
+        seen += 1
+    return isinstance(obj, mmap.mmap)
+
+
+def _addressable(sharding: Sharding, shape: tuple[int, ...]) -> dict[Device, Key]:
+    indices: dict[Device, Index] = sharding.addressable_devices_indices_map(shape)  # type: ignore[assignment]
+    return {device: _key(index, shape) for device, index in indices.items()}
+
+
+class PartialStore(Store):
+    """The frozen slices of a constant that this process's devices address, and the
+    device buffers made from them. No process holds the constant whole.
+
+    Attributes:
+        home: the declared sharding the slices were chosen by.
+        slices: the frozen host buffer of each distinct addressable index.
+        source: where the data came from, in words, for messages.
+    """
+
+    __slots__ = ("home", "slices", "source")
+
+    partial = True
+
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        home: Sharding,
+        slices: dict[Key, np.ndarray[Any, Any]],
+        source: str,
+    ) -> None:
+        self.home = home
+        self.slices = slices
+        self.source = source
+        self._setup(shape, dtype)
+
+    # -- the host side: slices only ---------------------------------------------
+
+    @property
+    def host(self) -> np.ndarray[Any, Any]:
+        """Refused: no process holds the constant whole."""
+        raise self._not_whole("its whole host buffer")
+
+    def whole(self, what: str) -> np.ndarray[Any, Any]:
+        raise self._not_whole(what)
+
+    def host_buffers(self) -> tuple[np.ndarray[Any, Any], ...]:
+        return tuple(self.slices.values())
+
+    def check_device_dtype(self, dtype: np.dtype[Any]) -> None:
+        for part in self.slices.values():
+            check_narrowing(part, dtype)
+
+    def held(self) -> str:
+        """The slices held, in words."""
+        return ", ".join(describe(k, self.shape) for k in self.slices)
+
+    def _not_whole(self, what: str) -> NotAddressableError:
+        extra = ""
+        if what == "x.fingerprint":
+            extra = (
+                " A fingerprint is a SHA-256 over the whole data in order, which digests of "
+                "separate slices cannot be combined into; fingerprint the gathered array "
+                "(`FrozenConst(gathered).fingerprint`, the same value on every process)."
+            )
+        return NotAddressableError(
+            f"`{what}` needs the whole constant ({self.dtype}{list(self.shape)}), but process "
+            f"{jax.process_index()} of {jax.process_count()} holds only the slices its devices address "
+            f"under {self.home}: {self.held()} ({self.host_nbytes} bytes). It was built from "
+            f"{self.source} with a sharding that spans several processes, so no process holds it "
+            f"whole. Gather it with a collective that every process calls, `{_GATHER}` (each "
+            "process then holds the whole constant), or work on this process's slices: "
+            f"`[(s.index, s.data) for s in x.on(x.sharding_target).addressable_shards]`.{extra}"
+        )
+
+    # -- the device side ---------------------------------------------------------
+
+    def default_array(self) -> jax.Array:
+        """A partial constant has no single-device buffer: its array with the declared sharding."""
+        return self.placed(self.home)
+
+    def parts(self, sharding: Sharding) -> dict[Device, np.ndarray[Any, Any]]:
+        """The host data for each of this process's devices under `sharding`: a held
+        slice, or a view of one that contains it. Raises if some are not held."""
+        found: dict[Device, np.ndarray[Any, Any]] = {}
+        missing: list[str] = []
+        for device, key in _addressable(sharding, self.shape).items():
+            part = self.slices.get(key)
+            if part is None:
+                part = self._within(key)
+            if part is None:
+                missing.append(f"{describe(key, self.shape)} for {device}")
+            else:
+                found[device] = part
+        if missing:
+            raise NotAddressableError(
+                f"`x.on({sharding})` needs slices this process does not hold: {', '.join(missing)}. "
+                f"Process {jax.process_index()} holds only {self.held()}, the slices its devices "
+                f"address under the declared sharding {self.home}; the constant was built from "
+                f"{self.source}, and no process holds it whole. Reshard the array it holds with a "
+                "collective every process calls, `jax.jit(lambda a: a, out_shardings=target)"
+                "(x.on(x.sharding_target))`, or build the constant with the sharding you need."
+            )
+        return found
+
+    def _within(self, key: Key) -> np.ndarray[Any, Any] | None:
+        # A finer sharding (8 slices where 4 are held) is served by views.
+        for held, part in self.slices.items():
+            if all(h0 <= k0 and k1 <= h1 for (h0, h1), (k0, k1) in zip(held, key, strict=True)):
+                view: np.ndarray[Any, Any] = part[
+                    tuple(slice(k0 - h0, k1 - h0) for (h0, _), (k0, k1) in zip(held, key, strict=True))
+                ]
+                return view
+        return None
+
+    def _build(self, sharding: Sharding, dtype: np.dtype[Any]) -> jax.Array:
+        parts = self.parts(sharding)
+        convert = self.dtype != dtype
+        arrays = []
+        for device, part in parts.items():
+            target = SingleDeviceSharding(device, memory_kind=sharding.memory_kind)
+            arrays.append(jax.device_put(part.astype(dtype) if convert else part, target))
+            self.transfers += 1  # called under the lock, once per addressable device
+        return jax.make_array_from_single_device_arrays(self.shape, sharding, arrays)
+
+
+def from_source(
+    array: np.ndarray[Any, Any], dtype: DTypeLike | None, home: Sharding, what: str | None = None
+) -> Store:
+    """A partial constant of the slices of `array` (memory-mapped) that this process's devices address."""
+    what = f"the `{type(array).__name__}` it received" if what is None else what
+    view = to_numpy(array, dtype, what)  # validated, still a view of the map
+    want = native(view.dtype if dtype is None else as_dtype(dtype))
+    device_dtype = jax.dtypes.canonicalize_dtype(want)
+    slices: dict[Key, np.ndarray[Any, Any]] = {}
+    for key in _addressable(home, view.shape).values():
+        if key not in slices:
+            part = freeze(view[_index(key)], want, what)
+            check_narrowing(part, device_dtype, what)
+            slices[key] = part
+    return PartialStore(view.shape, want, home, slices, "a memory-mapped array")
+
+
+def from_callback(
+    shape: Sequence[int],
+    sharding: Sharding,
+    data_callback: Callable[[Index], Any],
+    dtype: DTypeLike,
+) -> Store:
+    """The store of `FrozenConst.from_callback`: partial where `sharding` spans several processes."""
+    want = native(as_dtype(dtype))
+    check_dtype(want, "the data `data_callback` returns", requested=True)
+    full = tuple(int(n) for n in shape)
+    slices: dict[Key, np.ndarray[Any, Any]] = {}
+    indices: dict[Device, Index] = sharding.addressable_devices_indices_map(full)  # type: ignore[assignment]
+    for index in indices.values():
+        key = _key(index, full)
+        if key not in slices:
+            slices[key] = _slice_from(data_callback, index, key, full, want)
+    if sharding.is_fully_addressable:
+        # Every slice is here: one whole buffer, as `FrozenConst(array)` holds.
+        return Store(freeze_parts(full, want, [(_index(k), p) for k, p in slices.items()]))
+    return PartialStore(full, want, sharding, slices, "`FrozenConst.from_callback`")
+
+
+def _slice_from(
+    data_callback: Callable[[Index], Any],
+    index: Index,
+    key: Key,
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+) -> np.ndarray[Any, Any]:
+    where = describe(key, shape)
+    # Frozen (copied) at once: what the callback returned stays the caller's.
+    part = frozen_copy(data_callback(index), dtype, f"the value `data_callback` returned for index {where}")
+    expected = tuple(b - a for a, b in key)
+    if part.shape != expected:
+        raise FrozenConstValueError(
+            f"`data_callback` returned an array of shape {part.shape} for index {where}, which "
+            f"selects shape {expected} of the constant's {shape}. Return the slice itself, "
+            "`whole[index]` (or the same data read from storage), not the whole array or a reshaped one."
+        )
+    return part

@@ -1,0 +1,227 @@
+"""One process of a multi-process run of constants bigger than one host (test_bigger_than_host.py).
+
+    python bigger_than_host_worker.py PORT PROCESS_ID NUM_PROCESSES NPY_PATH
+
+Each process has 2 CPU devices and joins the others over jax.distributed (gloo)
+on 127.0.0.1. NPY_PATH is a float32 .npy written by the test, the same for all.
+The process prints `RSS <growth> <share>` and `process <id> ok`; any failed
+check exits non-zero.
+"""
+
+import gc
+import pickle
+import sys
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 2)
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import frozenconst  # noqa: E402
+from frozenconst import FrozenConst, FrozenConstValueError, NotAddressableError  # noqa: E402
+
+
+def rss_anon() -> int:
+    """This process's anonymous resident memory, in bytes (file-backed pages of the map excluded)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def frozen_buffers(x):
+    return x._store.host_buffers()  # the frozen slices, to compare with JAX's device pointers
+
+
+def assert_read_only_all_the_way_down(array):
+    base = array
+    while base is not None:
+        if isinstance(base, np.ndarray):
+            assert not base.flags.writeable
+            with pytest.raises(ValueError):
+                base.flags.writeable = True
+        nxt = getattr(base, "base", None)
+        base = getattr(base, "obj", None) if nxt is None else nxt
+
+
+def buffers_holding(data):
+    """(device, pointer) of every live device buffer that holds a slice of `data` at its index."""
+    gc.collect()
+    found = set()
+    for arr in jax.live_arrays():
+        if arr.shape != data.shape or arr.dtype != data.dtype:
+            continue
+        for shard in arr.addressable_shards:
+            if np.array_equal(np.asarray(shard.data), data[shard.index]):
+                found.add((shard.device, shard.data.unsafe_buffer_pointer()))
+    return found
+
+
+def gather(array):
+    """The whole value of a global array, on every process (a collective)."""
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+
+
+def same_everywhere(text):
+    """Whether every process computed the same string (one all-gather of its bytes)."""
+    mine = np.frombuffer(text.encode().ljust(128), np.uint8)
+    every = np.asarray(multihost_utils.process_allgather(mine))
+    return all((row == every[0]).all() for row in every)
+
+
+def main(port, process_id, num_processes, path):
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{port}",
+        num_processes=num_processes,
+        process_id=process_id,
+        initialization_timeout=120,
+    )
+    try:
+        run(num_processes, path)
+        print(f"process {process_id} ok", flush=True)
+    finally:
+        jax.distributed.shutdown()
+
+
+def run(num_processes, path):
+    local = jax.local_device_count()
+    mesh = jax.make_mesh((jax.device_count(),), ("x",))
+    rows = NamedSharding(mesh, P("x"))
+
+    # Warm up every code path on a small constant, so the measurement below
+    # sees the big constant's memory, not JAX's first-use allocations.
+    small = f"{path}.{jax.process_index()}.npy"
+    np.save(small, np.ones((64, 8), np.float32))
+    warm = FrozenConst(np.load(small, mmap_mode="r"), sharding=rows)
+    jnp.asarray(warm).block_until_ready()
+    del warm
+    gc.collect()
+
+    # -- memory: this process freezes only its share ------------------------
+    before = rss_anon()
+    x = FrozenConst(np.load(path, mmap_mode="r"), sharding=rows)
+    arr = jnp.asarray(x)  # the first transfer
+    arr.block_until_ready()
+    growth = rss_anon() - before
+    data = np.load(path, mmap_mode="r")  # for the checks: read through the map, never copied whole
+    share = x.stats().host_bytes
+    assert share * num_processes == data.nbytes, (share, data.nbytes)
+    print(f"RSS {growth} {share} {data.nbytes}", flush=True)
+    assert growth <= 1.1 * share, f"anonymous RSS grew {growth} bytes for a share of {share}"
+    assert growth >= 0.9 * share, (
+        f"anonymous RSS grew {growth} bytes: the measurement missed the share {share}"
+    )
+
+    # -- one buffer per device, each an alias of its frozen slice -------------
+    assert arr.sharding == rows and not arr.is_fully_addressable
+    assert jnp.asarray(x) is arr and x.on(rows) is arr
+    assert x.stats().transfers == local
+    slices = {b.ctypes.data: b for b in frozen_buffers(x)}
+    assert len(slices) == local
+    for b in slices.values():
+        assert_read_only_all_the_way_down(b)
+    for shard in arr.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), data[shard.index], strict=True)
+        assert shard.data.unsafe_buffer_pointer() in slices
+    held = buffers_holding(data)
+    assert len(held) == local and {p for _, p in held} == set(slices), held
+    s = x.stats()
+    assert (
+        s.zero_copy is True and sorted(s.device_bytes.values()) == [data.nbytes // jax.device_count()] * local
+    )
+    assert frozenconst.stats().aliased_bytes >= share
+
+    # -- jit: plain jax.jit and frozenconst.jit, results exact against the whole data
+    whole = FrozenConst(np.array(data), sharding=rows)  # the same data, frozen whole on this host
+    w = jax.make_array_from_callback(
+        (data.shape[1], 4),
+        NamedSharding(mesh, P()),
+        lambda i: np.linspace(-1, 1, data.shape[1] * 4, dtype=np.float32).reshape(-1, 4)[i],
+    )
+    f = jax.jit(lambda a, w: jnp.sum(a @ w, axis=0))
+    g = frozenconst.jit(lambda w: jnp.sum(x @ w, axis=0))
+    g_whole = frozenconst.jit(lambda w: jnp.sum(whole @ w, axis=0))
+    transfers = frozenconst.stats().transfers
+    got = [gather(f(x, w)), gather(g(w))]
+    want = [gather(f(whole, w)), gather(g_whole(w))]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b, strict=True)
+    twice = jax.jit(lambda a: a * 2)
+    doubled = twice(x)
+    for shard in doubled.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), data[shard.index] * 2, strict=True)
+    # Fed as it is: nothing crosses processes for an elementwise program, and
+    # no constant was transferred again.
+    hlo = twice.lower(x).compile().as_text()
+    assert not any(op in hlo for op in ("all-gather", "all-to-all", "collective-permute", "all-reduce")), hlo
+    assert frozenconst.stats().transfers - transfers == local  # `whole`'s own first transfer only
+
+    # -- placements that need slices this process does not hold ---------------
+    for other in (NamedSharding(mesh, P(None, "x")), NamedSharding(mesh, P())):
+        with pytest.raises(NotAddressableError, match=r"needs slices this process does not hold: \["):
+            x.on(other)
+        with pytest.raises(NotAddressableError, match="out_shardings"):
+            x.placed(other)
+    # The collective the message names reshards it.
+    columns = jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, P(None, "x")))(x.on(x.sharding_target))
+    for shard in columns.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), data[shard.index], strict=True)
+
+    # -- whole-array host access: refused, naming the collective; the collective works
+    for attempt in (lambda: np.asarray(x), lambda: x.fingerprint, lambda: pickle.dumps(x)):
+        with pytest.raises(NotAddressableError, match="process_allgather"):
+            attempt()
+    with pytest.raises(NotAddressableError, match=r"FrozenConst\(x, dtype="):
+        FrozenConst(x, dtype=np.float16)
+    gathered = np.asarray(multihost_utils.process_allgather(x.on(x.sharding_target), tiled=True))
+    np.testing.assert_array_equal(gathered, data, strict=True)
+    fingerprint = FrozenConst(gathered).fingerprint
+    assert fingerprint == whole.fingerprint and same_everywhere(fingerprint)
+    del gathered
+    assert "holds [" in repr(x)
+
+    # -- audit: this process's bytes ------------------------------------------
+    report = frozenconst.audit(lambda v: x @ v, jnp.ones((data.shape[1],), jnp.float32))
+    (captured,) = report.constants
+    assert captured.kind == "frozenconst" and captured.shape == data.shape and captured.nbytes == share
+
+    # -- a slice replicated over this process's two devices: frozen once ----
+    grid = Mesh(np.array(jax.devices()).reshape(num_processes, local), ("p", "d"))
+    per_process = NamedSharding(grid, P("p"))
+    y = FrozenConst(np.load(path, mmap_mode="r"), sharding=per_process)
+    (frozen,) = frozen_buffers(y)
+    yarr = jnp.asarray(y)
+    assert y.stats().host_bytes == share
+    assert {s.data.unsafe_buffer_pointer() for s in yarr.addressable_shards} == {frozen.ctypes.data}
+    # A finer sharding inside what is held: served from views, no collective.
+    finer = y.on(NamedSharding(grid, P(("p", "d"))))
+    for shard in finer.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), data[shard.index], strict=True)
+
+    # -- from_callback, and a copy that the callback's arrays cannot change ---
+    returned = []
+
+    def read(index):
+        returned.append(np.array(data[index]))
+        return returned[-1]
+
+    z = FrozenConst.from_callback(data.shape, rows, read, dtype=np.float32)
+    assert len(returned) == local
+    for r in returned:
+        r[...] = -1  # the caller's arrays, changed after construction
+    for shard in jnp.asarray(z).addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), data[shard.index], strict=True)
+    with pytest.raises(FrozenConstValueError, match=r"returned an array of shape \(.*\) for index \["):
+        FrozenConst.from_callback(data.shape, rows, lambda index: data, dtype=np.float32)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
