@@ -77,7 +77,7 @@ def _makers(k: int, shape: tuple[int, ...]) -> dict[str, Callable[[], Callable[[
         return lambda: f(w, i)
 
     def arguments() -> Callable[[], Any]:
-        f = jax.jit(body)
+        f = jax.jit(lambda cs, w, i: body(cs, w, i))  # a new function: JAX caches traces by function
         return lambda: f(arrays, w, i)
 
     def ours() -> Callable[[], Any]:
