@@ -19,7 +19,9 @@ aliasing) and halved the copy's speed on this machine class (1.6 against
 
 from __future__ import annotations
 
+import contextlib
 import math
+import mmap
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +36,8 @@ from ._errors import FrozenConstTypeError, FrozenConstValueError, TracedValueErr
 
 ALIGNMENT = 64
 _PAGE = 4096
+# Memory-mapped sources are copied in blocks of this size (see `_copy_releasing`).
+_RELEASE_BLOCK_BYTES = 8 << 20
 # Below this, matching the source's page offset is not worth the extra page
 # (the copy of a few MiB is dominated by fixed costs).
 _PAGE_MATCH_MIN_BYTES = 4 << 20
@@ -468,12 +472,50 @@ def freeze(
     raw, window = _aligned(nbytes, source)
     if nbytes:
         target = window.view(dtype).reshape(src.shape)
-        if check is None:
+        mapped = _read_only_map(src) if check is None and src.ndim and src.flags.c_contiguous else None
+        if mapped is not None:
+            _copy_releasing(target, src, mapped)
+        elif check is None:
             np.copyto(target, src, casting="unsafe")
         else:
             _checked_copy(target, src, check)
     del raw
     return _hand_over(window, dtype, src.shape)
+
+
+def _read_only_map(src: np.ndarray[Any, Any]) -> tuple[mmap.mmap, int] | None:
+    """The read-only file map `src` lies in (`np.load(..., mmap_mode="r")`, `np.memmap(mode="r")`)
+    and the address where the map starts, or None."""
+    obj: Any = src
+    for _ in range(64):
+        mm = getattr(obj, "_mmap", None) if isinstance(obj, np.memmap) and obj.mode == "r" else None
+        if isinstance(mm, mmap.mmap):
+            return mm, _address(np.frombuffer(mm, np.uint8))
+        if not isinstance(obj, np.ndarray):
+            return None
+        obj = obj.base
+    return None
+
+
+def _copy_releasing(
+    target: np.ndarray[Any, Any], src: np.ndarray[Any, Any], mapped: tuple[mmap.mmap, int]
+) -> None:
+    # Block by block, handing each block's source pages back to the kernel once
+    # copied (`MADV_DONTNEED` on a read-only file map drops them from this
+    # process; they stay in the page cache and fault back in if read again).
+    # Without it the copied file pages stay resident while the map lives, and
+    # the build peaks at twice the constant's size.
+    mm, base = mapped
+    row_bytes = max(1, src.itemsize * (src.size // src.shape[0]))
+    step = max(1, _RELEASE_BLOCK_BYTES // row_bytes)
+    start_address = _address(src)
+    for start in range(0, src.shape[0], step):
+        np.copyto(target[start : start + step], src[start : start + step], casting="unsafe")
+        begin = start_address + start * row_bytes - base
+        end = min(begin + step * row_bytes, len(mm))
+        first = begin - begin % mmap.PAGESIZE
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # a kernel without madvise
+            mm.madvise(mmap.MADV_DONTNEED, first, end - first)
 
 
 def _aligned(nbytes: int, source: int | None = None) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:

@@ -267,3 +267,23 @@ def test_every_public_name_imports_and_is_documented():
             continue
         assert obj.__module__.startswith("frozenconst"), name
         assert f"::: frozenconst.{name}\n" in api, f"{name} is missing from docs/api.md"
+
+
+@pytest.mark.parametrize("mode", ["r", "c", "r+"])
+@pytest.mark.parametrize("shape", [(1000, 7), (3, 5000), (8193,)])
+def test_a_memory_mapped_source_is_copied_exactly_block_by_block(tmp_path, monkeypatch, mode, shape):
+    from frozenconst import _host
+
+    monkeypatch.setattr(_host, "_RELEASE_BLOCK_BYTES", 5000)  # many blocks, edges inside pages
+    data = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    path = tmp_path / "c.npy"
+    np.save(path, data)
+    source = np.load(path, mmap_mode=mode)
+    if mode == "c":
+        source[0] = 7.0  # a private change, only in this map: it must survive
+        data[0] = 7.0
+    x = FrozenConst(source)
+    np.testing.assert_array_equal(np.asarray(x), data)
+    np.testing.assert_array_equal(np.asarray(source), data)  # the map still reads the same
+    view = FrozenConst(source[1:])  # a view into the map, not at its start
+    np.testing.assert_array_equal(np.asarray(view), data[1:])
