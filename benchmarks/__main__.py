@@ -122,7 +122,7 @@ def run_seed(quick: bool, repeats: int) -> str:
         f"Produced by `{command}` ({repeats} runs per configuration, medians) on:\n\n{header}\n\n"
         f"**Summary.** {summary}\n\n"
         '--8<-- "benchmark-seed-real.md"\n\n'
-        "### The sweep: L in 10, 40, 160; 1, 4, 16 MiB\n\n"
+        f"### The sweep: L in {', '.join(map(str, layers))}; {', '.join(f'{m:g}' for m in sizes)} MiB\n\n"
         "![device memory and compile time against L](benchmark-seed.png)\n\n"
         "The seed scenario: one constant matmul'd against L weight matrices inside one jitted function. "
         "Each variant runs in fresh interpreters of its own, one per run, each measuring every L and "

@@ -71,13 +71,15 @@ print(json.dumps(out))
 """
 
 
-def fresh_memory(sizes_mib: list[int], processes: int = 3, reps: int = 5) -> list[dict[str, Any]]:
+def fresh_memory(sizes_mib: list[int], processes: int = 5, reps: int = 5) -> list[dict[str, Any]]:
     """`np.copy` against `FrozenConst` into memory the process has never touched, every result kept.
 
     Each side runs in fresh interpreters of its own (`processes` each, the two
     sides alternating), which import the same modules and build the same inputs,
     so both write into never-touched pages; within a process every copy is kept,
-    as a program keeps its constants. The figures are medians over all samples.
+    as a program keeps its constants. The figures are medians over all samples,
+    and every sample is kept in the row: a copy into fresh memory can vary
+    several-fold from one process to the next.
     """
     samples: dict[str, dict[int, list[float]]] = {side: {m: [] for m in sizes_mib} for side in SIDES}
     for p in range(processes):
@@ -94,16 +96,10 @@ def fresh_memory(sizes_mib: list[int], processes: int = 3, reps: int = 5) -> lis
     rows = []
     for m in sizes_mib:
         t_base, t_ours = (statistics.median(samples[side][m]) for side in SIDES)
-        rows.append(
-            _row(
-                "C-contiguous float32, results kept (fresh memory)",
-                m,
-                m * MIB,
-                t_base,
-                t_ours,
-                t_base / t_ours,
-            )
+        row = _row(
+            "C-contiguous float32, results kept (fresh memory)", m, m * MIB, t_base, t_ours, t_base / t_ours
         )
+        rows.append({**row, "samples_s": {side: samples[side][m] for side in SIDES}})
     return rows
 
 
@@ -503,11 +499,13 @@ def markdown(results: dict[str, Any], env: dict[str, str], command: str) -> str:
         "before the next call, so both write into the warm pages the allocator hands back: up to",
         "16 MiB in 15 rounds of blocks of calls (about 64 MiB copied per block), above in single calls",
         "(3 rounds from 512 MiB, 7 below); the ratio is the median of the per-round ratios. The",
-        "'results kept (fresh memory)' rows measure each side in fresh interpreters of its own (three",
+        "'results kept (fresh memory)' rows measure each side in fresh interpreters of its own (five",
         "each, the sides alternating), which import the same modules and build the same inputs, then",
         "copy each size five times keeping every result, as a program keeps its constants: both sides",
-        "write into pages the process has never touched. The figures are medians over all fifteen",
-        "copies of a side; the ratio is NumPy's median time over FrozenConst's.",
+        "write into pages the process has never touched. The figures are medians over all 25 copies",
+        "of a side; the ratio is NumPy's median time over FrozenConst's. A copy into fresh memory can",
+        "vary several-fold from one process to the next on this machine (`np.copy` of 64 MiB: 0.3 GB/s",
+        "in one, 1.3 to 2.6 GB/s in the next), so the JSON file next to this page keeps every sample.",
         "",
         "| input | MiB | np / numpy GB/s | FrozenConst GB/s | ratio (target >= 0.8) |",
         "|---|---:|---:|---:|---:|",
