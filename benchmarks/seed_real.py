@@ -58,8 +58,9 @@ def run_variant(
     """Measure one variant in a fresh interpreter; a row with `outcome` "ok" or "ran out: ..."."""
     env = dict(os.environ)
     env.pop("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS", None)
-    if seed.PIPELINES[pipeline]:
-        env["JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"] = seed.PIPELINES[pipeline]
+    flag = seed.PIPELINES[pipeline]
+    if flag:
+        env["JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"] = flag
     spec = json.dumps({"variant": variant, "layers": layers, "mib": mib, "steps": steps})
     proc = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.seed_real", "--worker", spec],
