@@ -1,7 +1,8 @@
 """Run the benchmark suite and write its figures into docs/.
 
-    python -m benchmarks                 # everything (make bench): the seed scenario and the core section
+    python -m benchmarks                 # everything (make bench): every section below
     python -m benchmarks seed            # seed scenario: L in 10, 40, 160; 1, 4, 16 MiB; both pipelines
+    python -m benchmarks seed-real       # the seed at its real size: 64 MiB, L = 160, a process per variant
     python -m benchmarks core            # construction, transfer, zero-copy, cache hits, scaling, digests
     python -m benchmarks disk            # peak memory building constants from 256 MiB and 1 GiB .npy files
     python -m benchmarks multihost       # constants bigger than one host: per-process RSS, 2 and 4 processes
@@ -11,7 +12,9 @@
 Every figure is a ratio to a baseline measured in the same run: the constant
 passed to `jax.jit` as an explicit argument for the seed scenario, NumPy,
 `jax.device_put`, the cached `jax.Array` or plain `jax.jit` for the core
-section. Times are medians of repeated runs.
+section. Times are medians of repeated runs. Every A-against-B figure either
+alternates A and B in the same memory state (interleaved rounds) or measures
+each in fresh interpreters of its own.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import pathlib
 import statistics
 from typing import Any
 
-from . import constants, core, disk, multihost, seed
+from . import constants, core, disk, multihost, seed, seed_real
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 
@@ -76,16 +79,24 @@ def plot(rows: list[dict[str, Any]], mib: float, path: pathlib.Path) -> None:
 def run_seed(quick: bool, repeats: int) -> str:
     layers = [10, 40] if quick else [10, 40, 160]
     sizes = [1.0, 4.0] if quick else [1.0, 4.0, 16.0]
-    jobs = [(v, n, m) for m in sizes for n in layers for v in seed.VARIANTS]
+    configurations = [(n, m) for m in sizes for n in layers]
     rows: list[dict[str, Any]] = []
     env: dict[str, str] = {}
     for pipeline in seed.PIPELINES:
-        runs = []
-        for _ in range(repeats):
-            result = seed.run_in_subprocess(pipeline, jobs, steps=5)
-            env = result.pop()["environment"]
-            runs.append(result)
-        rows += _median_rows(runs)
+        # One fresh interpreter per variant and run, each measuring the same
+        # configurations in the same order, so no variant inherits another's
+        # memory or warm caches; the variants' order rotates from run to run.
+        runs: dict[str, list[list[dict[str, Any]]]] = {v: [] for v in seed.VARIANTS}
+        names = list(seed.VARIANTS)
+        for r in range(repeats):
+            for variant in names[r % len(names) :] + names[: r % len(names)]:
+                result = seed.run_in_subprocess(
+                    pipeline, [(variant, n, m) for n, m in configurations], steps=5
+                )
+                env = result.pop()["environment"]
+                runs[variant].append(result)
+        merged = {v: _median_rows(runs[v]) for v in names}
+        rows += [merged[v][i] for i in range(len(configurations)) for v in names]
 
     header = "\n".join(f"- {k}: {v}" for k, v in env.items())
     base = {(r["pipeline"], r["layers"], r["mib"]): r for r in rows if r["variant"] == "argument"}
@@ -113,8 +124,13 @@ def run_seed(quick: bool, repeats: int) -> str:
         "# Benchmark results: constants inside jit\n\n"
         f"Produced by `{command}` ({repeats} runs per configuration, medians) on:\n\n{header}\n\n"
         f"**Summary.** {summary}\n\n"
+        '--8<-- "benchmark-seed-real.md"\n\n'
+        f"### The sweep: L in {', '.join(map(str, layers))}; {', '.join(f'{m:g}' for m in sizes)} MiB\n\n"
         "![device memory and compile time against L](benchmark-seed.png)\n\n"
         "The seed scenario: one constant matmul'd against L weight matrices inside one jitted function. "
+        "Each variant runs in fresh interpreters of its own, one per run, each measuring every L and "
+        "size in the same order (the variants' order rotates from run to run), so that no variant "
+        "inherits another's memory or warm caches; the figures are medians over the runs. "
         "Each cell: the measurement, and in brackets its ratio to the as-argument baseline of the same "
         "pipeline, L and size. Live copies and device MiB count distinct device buffers holding the "
         "constant's data, read from `jax.live_arrays()` after the steps (independently of frozenconst's "
@@ -137,13 +153,24 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "section", nargs="?", choices=["all", "seed", "core", "constants", "disk", "multihost"], default="all"
+        "section",
+        nargs="?",
+        choices=["all", "seed", "seed-real", "core", "constants", "disk", "multihost"],
+        default="all",
     )
     parser.add_argument("--quick", action="store_true", help="smaller sweeps")
     parser.add_argument("--repeats", type=int, default=3, help="seed runs per configuration (median)")
+    parser.add_argument(
+        "--rss-limit-gib",
+        type=float,
+        help="seed-real: resident memory at which a variant counts as out of memory (default: 90%% of RAM)",
+    )
     args = parser.parse_args()
     if args.section in ("all", "seed"):
         run_seed(args.quick, args.repeats)
+    if args.section in ("all", "seed-real"):
+        limit = int(args.rss_limit_gib * 2**30) if args.rss_limit_gib else None
+        seed_real.main(args.quick, DOCS, limit)
     if args.section in ("all", "core"):
         core.main(args.quick, DOCS)
     if args.section in ("all", "constants"):

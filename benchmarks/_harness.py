@@ -1,4 +1,4 @@
-"""Timing helpers: medians of repeated runs, and interleaved A/B ratios."""
+"""Timing helpers: interleaved A/B ratios, and NumPy arrays placed off the 64-byte grid."""
 
 from __future__ import annotations
 
@@ -7,20 +7,6 @@ import statistics
 import time
 from collections.abc import Callable
 from typing import Any
-
-
-def median_time(fn: Callable[[], Any], repeats: int = 5, setup: Callable[[], Any] | None = None) -> float:
-    """Median wall time of `fn()` over `repeats` runs (seconds); `setup` runs untimed before each."""
-    times = []
-    for _ in range(repeats):
-        if setup is not None:
-            setup()
-        gc.collect()
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-        del out
-    return statistics.median(times)
 
 
 def _block(fn: Callable[[], Any], n: int) -> float:

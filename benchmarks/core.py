@@ -21,52 +21,92 @@ from typing import Any
 
 import numpy as np
 
-from ._harness import ab_ratio, copy_at, median_time
+from ._harness import ab_ratio, copy_at
 
 MIB = 1 << 20
 
 
 def _construction_row(case: str, mib: int, data: Any, baseline: Any, ours: Any, reps: int) -> dict[str, Any]:
-    if data.nbytes <= 16 * MIB:
-        # A copy of a few MiB takes tens of microseconds: timed in interleaved
-        # blocks of calls (about 64 MiB copied per block), so the machine's
-        # drift cancels and the timer's resolution does not matter.
-        r = ab_ratio(ours, baseline, n=max(1, 64 * MIB // data.nbytes), rounds=15)
-        t_ours, t_base = r["a_us"] * 1e-6, r["b_us"] * 1e-6
-    else:
-        t_base = median_time(baseline, reps)
-        t_ours = median_time(ours, reps)
-    return _row(case, mib, data.nbytes, t_base, t_ours)
+    """NumPy's copy and FrozenConst's, alternating in the same process and memory state.
+
+    Each result is dropped before the next call, so both sides write into the
+    pages the allocator hands back warm. Up to 16 MiB a copy takes tens of
+    microseconds: timed in blocks of calls (about 64 MiB copied per block), so
+    the timer's resolution does not matter.
+    """
+    n = max(1, 64 * MIB // data.nbytes)
+    r = ab_ratio(ours, baseline, n=n, rounds=15 if n > 1 else reps)
+    return _row(case, mib, data.nbytes, r["b_us"] * 1e-6, r["a_us"] * 1e-6, 1 / r["ratio"])
 
 
-def _row(case: str, mib: int, nbytes: int, t_base: float, t_ours: float) -> dict[str, Any]:
+def _row(case: str, mib: int, nbytes: int, t_base: float, t_ours: float, ratio: float) -> dict[str, Any]:
     return {
         "case": case,
         "mib": mib,
         "np_copy_gbs": nbytes / t_base / 1e9,
         "frozenconst_gbs": nbytes / t_ours / 1e9,
-        "ratio": t_base / t_ours,
+        "ratio": ratio,
         "seconds": t_ours,
     }
 
 
-def _fresh_memory_row(mib: int, data: Any, reps: int) -> dict[str, Any]:
-    """Like a program building its constants: every result kept, so every copy lands in fresh memory."""
-    from frozenconst import FrozenConst
+SIDES = ("np.copy", "FrozenConst")
+_FRESH_SCRIPT = r"""
+import json, sys, time
+import numpy as np
+from frozenconst import FrozenConst
+side, sizes, reps = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+make = np.copy if side == "np.copy" else FrozenConst
+make(np.ones(1024, np.float32))  # first-call costs, in small-object memory
+# Every input first, then every copy, each kept: no copy lands in pages a freed one left.
+inputs = {m: np.random.default_rng(0).standard_normal(m * 2**20 // 4, dtype=np.float32) for m in sizes}
+kept, out = [], {}
+for m in sizes:
+    out[m] = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        kept.append(make(inputs[m]))
+        out[m].append(time.perf_counter() - start)
+print(json.dumps(out))
+"""
 
-    kept: list[Any] = []
-    t_base = median_time(lambda: kept.append(np.copy(data)), reps)
-    kept.clear()
-    gc.collect()
-    t_ours = median_time(lambda: kept.append(FrozenConst(data)), reps)
-    kept.clear()
-    gc.collect()
-    return _row("C-contiguous float32, results kept (fresh memory)", mib, data.nbytes, t_base, t_ours)
+
+def fresh_memory(sizes_mib: list[int], processes: int = 5, reps: int = 5) -> list[dict[str, Any]]:
+    """`np.copy` against `FrozenConst` into memory the process has never touched, every result kept.
+
+    Each side runs in fresh interpreters of its own (`processes` each, the two
+    sides alternating), which import the same modules and build the same inputs,
+    so both write into never-touched pages; within a process every copy is kept,
+    as a program keeps its constants. The figures are medians over all samples,
+    and every sample is kept in the row: a copy into fresh memory can vary
+    several-fold from one process to the next.
+    """
+    samples: dict[str, dict[int, list[float]]] = {side: {m: [] for m in sizes_mib} for side in SIDES}
+    for p in range(processes):
+        for side in SIDES if p % 2 == 0 else SIDES[::-1]:
+            out = subprocess.run(
+                [sys.executable, "-c", _FRESH_SCRIPT, side, json.dumps(sizes_mib), str(reps)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=True,
+            )
+            for m, times in json.loads(out.stdout.strip().splitlines()[-1]).items():
+                samples[side][int(m)] += times
+    rows = []
+    for m in sizes_mib:
+        t_base, t_ours = (statistics.median(samples[side][m]) for side in SIDES)
+        row = _row(
+            "C-contiguous float32, results kept (fresh memory)", m, m * MIB, t_base, t_ours, t_base / t_ours
+        )
+        rows.append({**row, "samples_s": {side: samples[side][m] for side in SIDES}})
+    return rows
 
 
 def construction(sizes_mib: list[int]) -> list[dict[str, Any]]:
     from frozenconst import FrozenConst
 
+    fresh = {r["mib"]: r for r in fresh_memory([m for m in sizes_mib if m <= 256])}
     rows = []
     for mib in sizes_mib:
         a = np.random.default_rng(0).standard_normal(mib * MIB // 4).astype(np.float32)
@@ -76,8 +116,8 @@ def construction(sizes_mib: list[int]) -> list[dict[str, Any]]:
                 "C-contiguous float32", mib, a, lambda a=a: np.copy(a), lambda a=a: FrozenConst(a), reps
             )
         )
-        if mib <= 256:
-            rows.append(_fresh_memory_row(mib, a, reps))
+        if mib in fresh:
+            rows.append(fresh[mib])
         if mib in (16, 256):
             t = a.reshape(-1, 1024).T
             rows.append(
@@ -288,22 +328,46 @@ def scaling() -> dict[str, Any]:
     return {"eager": eager, "jit": in_jit}
 
 
-def fingerprints(mib: int) -> list[dict[str, Any]]:
+def fingerprints(mib: int, rounds: int = 5) -> list[dict[str, Any]]:
+    """Each `hashlib` digest and FrozenConst's fingerprint over the same data, in interleaved rounds.
+
+    Every round times each case once, in an order that rotates from round to
+    round, so all of them read the same data in the same memory state; the
+    figures are medians. "first request" hashes a new constant (built untimed).
+    """
     from frozenconst import FrozenConst
 
     a = np.random.default_rng(5).integers(0, 255, mib * MIB, dtype=np.uint8)
-    rows = []
-    for name in ("sha256", "sha1", "md5", "blake2b", "sha3_256"):
-        t = median_time(lambda name=name: hashlib.new(name, memoryview(a)).hexdigest(), 3)
-        rows.append({"what": f"hashlib.{name}", "gbs": a.nbytes / t / 1e9})
     holder: dict[str, Any] = {}
-    t = median_time(lambda: holder["x"].fingerprint, 3, setup=lambda: holder.update(x=FrozenConst(a)))
-    rows.append({"what": "x.fingerprint (first request)", "gbs": a.nbytes / t / 1e9})
-    x = FrozenConst(a)
-    _ = x.fingerprint
-    t2 = median_time(lambda: x.fingerprint, 5)
-    rows.append({"what": "x.fingerprint (cached)", "gbs": a.nbytes / t2 / 1e9})
-    return rows
+    cached = FrozenConst(a)
+    _ = cached.fingerprint
+    cases: list[tuple[str, Any, Any]] = [
+        (f"hashlib.{name}", lambda name=name: hashlib.new(name, memoryview(a)).hexdigest(), None)
+        for name in ("sha256", "sha1", "md5", "blake2b", "sha3_256")
+    ]
+    cases += [
+        (
+            "x.fingerprint (first request)",
+            lambda: holder["x"].fingerprint,
+            lambda: holder.update(x=FrozenConst(a)),
+        ),
+        ("x.fingerprint (cached)", lambda: cached.fingerprint, None),
+    ]
+    samples: list[list[float]] = [[] for _ in cases]
+    for r in range(rounds):
+        for i in range(len(cases)):
+            k = (r + i) % len(cases)
+            _, fn, setup = cases[k]
+            if setup is not None:
+                setup()
+            gc.collect()
+            start = time.perf_counter()
+            fn()
+            samples[k].append(time.perf_counter() - start)
+    return [
+        {"what": name, "gbs": a.nbytes / statistics.median(t) / 1e9}
+        for (name, _, _), t in zip(cases, samples, strict=True)
+    ]
 
 
 def jit_overhead(rounds: int) -> dict[str, float]:
@@ -356,6 +420,7 @@ def run(quick: bool) -> dict[str, Any]:
     sizes = [1, 16, 64] if quick else [1, 4, 16, 64, 256, 1024]
     rounds = 11 if quick else 31
     return {
+        "rounds": rounds,
         "construction": construction(sizes),
         "first_transfer": first_transfer([1, 16] if quick else [1, 16, 256]),
         "zero_copy": zero_copy(64 if quick else 256),
@@ -405,21 +470,42 @@ def plot(results: dict[str, Any], path: pathlib.Path) -> None:
     plt.close(fig)
 
 
-def _ab_table(title: str, header: tuple[str, str, str], rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["", f"### {title}", "", f"| {' | '.join(header)} | ratio |", "|---|---:|---:|---:|"]
+_INTERLEAVED = (
+    "Measured in one process, in {rounds} rounds of 1000 calls of each side, the two sides alternating "
+    "which goes first; the times are medians of the rounds, the ratio the median of the per-round ratios."
+)
+
+
+def _ab_table(title: str, header: tuple[str, str, str], rows: list[dict[str, Any]], rounds: int) -> list[str]:
+    lines = ["", f"### {title}", "", _INTERLEAVED.format(rounds=rounds), ""]
+    lines += [f"| {' | '.join(header)} | ratio |", "|---|---:|---:|---:|"]
     lines += [f"| {r['case']} | {r['a_us']:.2f} | {r['b_us']:.2f} | {r['ratio']:.3f} |" for r in rows]
     return lines
 
 
 def markdown(results: dict[str, Any], env: dict[str, str], command: str) -> str:
+    rounds = results.get("rounds", 31)
     lines = [f"Produced by `{command}` on:", ""] + [f"- {k}: {v}" for k, v in env.items()] + [""]
     lines += [
-        "Every figure is a ratio to a baseline measured in the same run, from medians of repeated",
-        "runs; cache-hit ratios are medians of 31 interleaved rounds of 1000 calls.",
+        "Every figure is a ratio to a baseline measured in the same run. Every A-against-B figure",
+        "either alternates A and B in one process and the same memory state, or measures each in fresh",
+        "interpreters of its own; each table says which.",
         "",
         "![construction time and scaling](benchmark-core.png)",
         "",
         "### Construction: one copy, at the speed of `np.copy`",
+        "",
+        "The plain rows alternate NumPy's copy and FrozenConst's in one process, each result freed",
+        "before the next call, so both write into the warm pages the allocator hands back: up to",
+        "16 MiB in 15 rounds of blocks of calls (about 64 MiB copied per block), above in single calls",
+        "(3 rounds from 512 MiB, 7 below); the ratio is the median of the per-round ratios. The",
+        "'results kept (fresh memory)' rows measure each side in fresh interpreters of its own (five",
+        "each, the sides alternating), which import the same modules and build the same inputs, then",
+        "copy each size five times keeping every result, as a program keeps its constants: both sides",
+        "write into pages the process has never touched. The figures are medians over all 25 copies",
+        "of a side; the ratio is NumPy's median time over FrozenConst's. A copy into fresh memory can",
+        "vary several-fold from one process to the next on this machine (`np.copy` of 64 MiB: 0.3 GB/s",
+        "in one, 1.3 to 2.6 GB/s in the next), so the JSON file next to this page keeps every sample.",
         "",
         "| input | MiB | np / numpy GB/s | FrozenConst GB/s | ratio (target >= 0.8) |",
         "|---|---:|---:|---:|---:|",
@@ -432,14 +518,14 @@ def markdown(results: dict[str, Any], env: dict[str, str], command: str) -> str:
     lines += [
         "",
         "The baseline for transposed input is `np.ascontiguousarray(a.T)`, and for the dtype",
-        "conversion `a.astype(np.float32)`: the same work done by NumPy. The plain rows time each copy",
-        "and free it before the next (the allocator hands the same warm pages back); the 'results kept'",
-        "rows keep every result alive, as a program keeps its constants, so each copy lands in fresh memory.",
+        "conversion `a.astype(np.float32)`: the same work done by NumPy.",
         "",
         "### First transfer to the default device",
         "",
         "`jax.device_put` of a NumPy array that starts on a 64-byte boundary is an alias on CPU (JAX's",
-        "best case, the target's baseline); of any other array, a copy, as on an accelerator.",
+        "best case, the target's baseline); of any other array, a copy, as on an accelerator. The three",
+        "are timed in turn in one process, in an order that rotates from round to round (31 rounds up",
+        "to 16 MiB, 7 above), each sample from a source built untimed that JAX has not seen; medians.",
         "",
         "| MiB | device_put, aligned ms | device_put, unaligned ms | FrozenConst first use ms "
         "| ratio to aligned (target <= 1.1) | ratio to unaligned |",
@@ -454,6 +540,8 @@ def markdown(results: dict[str, Any], env: dict[str, str], command: str) -> str:
         "",
         "### CPU zero-copy: process memory for one constant",
         "",
+        "Each approach in a fresh interpreter of its own: the RSS it adds, read from `/proc`.",
+        "",
         "| approach | device buffer aliases host | extra RSS, x the constant's size |",
         "|---|---|---:|",
     ]
@@ -463,11 +551,13 @@ def markdown(results: dict[str, Any], env: dict[str, str], command: str) -> str:
         "Cache hits (dispatch-bound: 8x8 float32)",
         ("call", "FrozenConst us", "jax.Array us"),
         results["cache_hits"],
+        rounds,
     )
     lines += _ab_table(
         "Accounting: hit counting on against off (target <= 1.05)",
         ("cache hit", "counting on us", "counting off us"),
         results["accounting"],
+        3 * rounds,
     )
     j = results["jit_overhead"]
     s = results["jit_static_configurations"]
@@ -475,13 +565,15 @@ def markdown(results: dict[str, Any], env: dict[str, str], command: str) -> str:
     lines += [
         "",
         f"`frozenconst.jit` per call on a tiny function: {j['a_us']:.2f} us against {j['b_us']:.2f} us "
-        f"for `jax.jit` ({j['ratio']:.3f}x).",
+        f"for `jax.jit` ({j['ratio']:.3f}x), each with one 4-element constant closed over. "
+        + _INTERLEAVED.format(rounds=rounds),
         "",
         f"Per call after {s['configurations']} static configurations, each reaching a constant of "
         f"its own, against the same call on a function that has seen one: `frozenconst.jit` "
         f"{ours['a_us']:.2f} us against {ours['b_us']:.2f} us ({ours['ratio']:.3f}x); the floor, "
         f"`jax.jit` with NumPy constants, {floor['a_us']:.2f} against {floor['b_us']:.2f} us "
-        f"({floor['ratio']:.3f}x). Each call is fed only its own configuration's constants.",
+        f"({floor['ratio']:.3f}x). Each call is fed only its own configuration's constants. "
+        + _INTERLEAVED.format(rounds=rounds),
         "",
         "### Scaling",
         "",
@@ -493,7 +585,17 @@ def markdown(results: dict[str, Any], env: dict[str, str], command: str) -> str:
             lines.append(
                 f"| {key} | {r['uses']} | {r['transfers']} | {r['live_copies']} | {r['device_bytes']} |"
             )
-    lines += ["", "### Fingerprints", "", "| digest | GB/s |", "|---|---:|"]
+    lines += [
+        "",
+        "### Fingerprints",
+        "",
+        "Every digest over the same data in one process, in 5 rounds that time each once, in an order",
+        "that rotates from round to round; medians. The first request hashes a new constant (built",
+        "untimed).",
+        "",
+        "| digest | GB/s |",
+        "|---|---:|",
+    ]
     for r in results["fingerprint"]:
         lines.append(f"| {r['what']} | {r['gbs']:.2f} |")
     return "\n".join(lines) + "\n"

@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ._harness import copy_at
@@ -54,8 +55,13 @@ def buffers_holding(data: Any) -> tuple[int, int, int]:
     return arrays, len(seen), sum(seen.values())
 
 
-def measure(variant: str, layers: int, mib: float, steps: int = 5) -> dict[str, Any]:
-    """Build the scenario for one variant and measure it in this process."""
+def build(variant: str, layers: int, mib: float) -> tuple[Any, Any, tuple[Any, ...]]:
+    """The scenario for one variant: `(data, fn, args)`, where `fn(*args)` is one step.
+
+    `data` is the constant's value, for `buffers_holding`; the raw NumPy variant's
+    constant is `data` itself, moved off the 64-byte grid (see `copy_at`), so that
+    every variant's process holds the constant once on the host.
+    """
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -64,9 +70,10 @@ def measure(variant: str, layers: int, mib: float, steps: int = 5) -> dict[str, 
 
     cols = 256
     rows = max(1, int(mib * 2**20 / 4 / cols))
-    data = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
+    # Drawn as float32 directly: no float64 temporary twice the constant's size.
+    data = np.random.default_rng(0).standard_normal((rows, cols), dtype=np.float32)
     weights = [
-        jnp.asarray(np.random.default_rng(i + 1).standard_normal((cols, 8)).astype(np.float32))
+        jnp.asarray(np.random.default_rng(i + 1).standard_normal((cols, 8), dtype=np.float32))
         for i in range(layers)
     ]
 
@@ -74,44 +81,78 @@ def measure(variant: str, layers: int, mib: float, steps: int = 5) -> dict[str, 
         return sum(jnp.sum(const @ w) for w in ws)
 
     if variant == "numpy-closure":
-        const: Any = copy_at(data, 16)  # off the 64-byte grid: see copy_at
-        fn, args = jax.jit(lambda ws: model(const, ws)), (weights,)
-    elif variant == "jnp.array-closure":
+        data = copy_at(data, 16)  # off the 64-byte grid: see copy_at
+        const: Any = data
+        return data, jax.jit(lambda ws: model(const, ws)), (weights,)
+    if variant == "jnp.array-closure":
         const = jnp.array(data)
-        fn, args = jax.jit(lambda ws: model(const, ws)), (weights,)
-    elif variant == "argument":
-        const = jnp.array(data)
-        fn, args = jax.jit(model), (const, weights)
-    elif variant == "frozenconst-closure":
+        return data, jax.jit(lambda ws: model(const, ws)), (weights,)
+    if variant == "argument":
+        return data, jax.jit(model), (jnp.array(data), weights)
+    if variant == "frozenconst-closure":
         const = frozenconst.FrozenConst(data)
-        fn, args = jax.jit(lambda ws: model(const, ws)), (weights,)
-    elif variant == "frozenconst.jit":
+        return data, jax.jit(lambda ws: model(const, ws)), (weights,)
+    if variant == "frozenconst.jit":
         const = frozenconst.FrozenConst(data)
-        fn, args = frozenconst.jit(lambda ws: model(const, ws)), (weights,)
-    else:
-        raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+        return data, frozenconst.jit(lambda ws: model(const, ws)), (weights,)
+    raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
 
+
+def peak_rss() -> int:
+    """This process's peak resident set size in bytes, as the kernel reports it (VmHWM)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def measure(
+    variant: str,
+    layers: int,
+    mib: float,
+    steps: int = 5,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Build the scenario for one variant and measure it in this process.
+
+    `progress`, if given, is called with the name of each stage as it ends. The
+    peak RSS is read after the steps, before anything that only measures (the
+    buffer count, the HLO text of a constant embedded in the program: hundreds
+    of MB at the seed's size) adds to it.
+    """
+    report = progress or (lambda stage: None)
+    data, fn, args = build(variant, layers, mib)
+    report("built")
     start = time.perf_counter()
     lowered = fn.lower(*args)
-    hlo_bytes = len(lowered.as_text().encode())
+    report("lowered")
     compiled = lowered.compile()
     compile_s = time.perf_counter() - start
     del compiled, lowered
+    report("compiled")
     # The first call also traces and compiles through jax.jit's own cache.
     first = time.perf_counter()
     fn(*args).block_until_ready()
     first_call_s = time.perf_counter() - first
+    report("first call")
     # At least `steps` timed steps, more for fast steps (up to about half a
     # second's worth, 41 at most): short steps need more samples for a stable median.
     probe = time.perf_counter()
     fn(*args).block_until_ready()
     one = max(time.perf_counter() - probe, 1e-6)
     times = []
-    for _ in range(max(steps, min(41, int(0.5 / one)))):
+    n = max(steps, min(41, int(0.5 / one)))
+    for i in range(n):
         t = time.perf_counter()
         fn(*args).block_until_ready()
         times.append(time.perf_counter() - t)
+        report(f"step {i + 1} of {n}")
+    peak = peak_rss()
     arrays, copies, device_bytes = buffers_holding(data)
+    hlo_bytes = len(fn.lower(*args).as_text().encode())  # untimed: text is for measuring only
     return {
         "variant": variant,
         "layers": layers,
@@ -124,6 +165,7 @@ def measure(variant: str, layers: int, mib: float, steps: int = 5) -> dict[str, 
         "live_copies": copies,
         "device_bytes": device_bytes,
         "const_bytes": data.nbytes,
+        "peak_rss_bytes": peak,
     }
 
 
@@ -205,9 +247,10 @@ def demo() -> None:
     rows: list[dict[str, Any]] = []
     env: dict[str, str] = {}
     for pipeline in PIPELINES:
-        result = run_in_subprocess(pipeline, [(v, layers, mib) for v in VARIANTS], steps=5)
-        env = result.pop()["environment"]
-        rows += result
+        for variant in VARIANTS:  # a fresh interpreter each: none inherits another's memory
+            result = run_in_subprocess(pipeline, [(variant, layers, mib)], steps=5)
+            env = result.pop()["environment"]
+            rows += result
     print(table(rows))
     print("\nvariants:")
     for name, text in VARIANTS.items():
