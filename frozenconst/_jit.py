@@ -357,9 +357,17 @@ class JitWrapped:
                 "frozenconst.jit's `embed_max_bytes` takes a non-negative int (bytes), but received "
                 f"{embed_max_bytes!r}. Pass 0 to pass every FrozenConst as a parameter."
             )
-        capture_max = sys.maxsize if SIMPLIFIED_CONSTANTS else embed_max_bytes
+        donated = _Argnums.of(fun, jit_kwargs, "donate")
+        # A function that donates arguments takes its constants as parameters
+        # under the simplified pipeline too: a constant also passed as a donated
+        # argument is then fed a copy (`_not_donated`), where some JAX versions
+        # refuse a captured buffer donated in the same call (jax 0.9.2).
+        if SIMPLIFIED_CONSTANTS:
+            capture_max = sys.maxsize if donated is None else -1
+        else:
+            capture_max = embed_max_bytes
         self._constants = _Constants(fun, _Argnums.of(fun, jit_kwargs, "static"), capture_max)
-        self._donated = _Argnums.of(fun, jit_kwargs, "donate")
+        self._donated = donated
         # Whether a call donated a buffer also fed as a constant (then every
         # call checks, and feeds a copy of such a constant instead).
         self._donation_clash = False

@@ -10,7 +10,7 @@ import gc  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from conftest import assert_float32_close  # noqa: E402
+from conftest import SIMPLIFIED, assert_float32_close  # noqa: E402
 from jax.sharding import NamedSharding, SingleDeviceSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
@@ -169,8 +169,11 @@ def test_declared_sharding_is_used_everywhere():
     v = jnp.ones((64, 32))
     assert_float32_close(f(v), data.sum(), np.abs(data).sum(), rtol=1e-4)
     compiled = f.lower(v).compile()
-    assert jax.tree_util.tree_leaves(compiled.input_shardings)[0].is_equivalent_to(sharding, 2)
-    # Only the sharded placement exists: every use got it.
+    # Default pipeline: a parameter with the declared sharding. Simplified: the
+    # placed buffer is captured and passed by JAX (jax 0.9.2's `input_shardings`
+    # cannot even list such inputs); either way only that placement exists.
+    if not SIMPLIFIED:
+        assert jax.tree_util.tree_leaves(compiled.input_shardings)[0].is_equivalent_to(sharding, 2)
     assert [p.sharding for p in x.placements] == [sharding]
 
 
