@@ -362,10 +362,9 @@ class JitWrapped:
         # under the simplified pipeline too: a constant also passed as a donated
         # argument is then fed a copy (`_not_donated`), where some JAX versions
         # refuse a captured buffer donated in the same call (jax 0.9.2).
+        capture_max = embed_max_bytes
         if SIMPLIFIED_CONSTANTS:
             capture_max = sys.maxsize if donated is None else -1
-        else:
-            capture_max = embed_max_bytes
         self._constants = _Constants(fun, _Argnums.of(fun, jit_kwargs, "static"), capture_max)
         self._donated = donated
         # Whether a call donated a buffer also fed as a constant (then every
