@@ -245,6 +245,8 @@ def _getter(indices: tuple[int, ...]) -> Callable[[tuple[Any, ...]], tuple[Any, 
 # The same size below which `frozenconst.audit` gives no advice.
 EMBED_MAX_BYTES = 1024
 
+_NOTHING: tuple[jax.Array, ...] = ()
+
 # The group of calls whose static arguments cannot be hashed (`jax.jit` refuses
 # them with its own error, which the call then raises).
 _UNHASHABLE = object()
@@ -409,6 +411,12 @@ class JitWrapped:
         # elsewhere) makes the call fail before it runs; it is then fed afresh.
         constants = self._constants
         group = constants.single or constants.group(args, kwargs)
+        if not group.sources:
+            # Nothing to feed: every constant captured (or none met yet).
+            try:
+                return self._jitted(_NOTHING, *args, **kwargs)
+            except Rediscover:
+                return self._retrying(lambda _, c: self._jitted(c, *args, **kwargs), args, kwargs)
         consts = group.fed
         if (
             consts is not None
