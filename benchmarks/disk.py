@@ -177,6 +177,29 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def plot(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
+    """Peak RSS growth of each build, as a multiple of the constant's size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted({r["nbytes"] for r in rows})
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    width = 0.8 / len(MODES)
+    for j, mode in enumerate(MODES):
+        by_size = {r["nbytes"]: r["build_peak_growth"] / r["nbytes"] for r in rows if r["mode"] == mode}
+        values = [by_size[n] for n in sizes]
+        ax.bar([i + (j - 1) * width for i in range(len(sizes))], values, width=width, label=mode)
+    ax.set_xticks(range(len(sizes)), [f"{n / MIB:,.0f} MiB" for n in sizes])
+    ax.set_ylabel("peak RSS growth, x the constant")
+    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(sizes_mib: list[int], docs: pathlib.Path | None = None) -> list[dict[str, Any]]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="frozenconst-disk-") as tmp:
@@ -199,7 +222,8 @@ def main(sizes_mib: list[int], docs: pathlib.Path | None = None) -> list[dict[st
         ]
     )
     if docs is not None:
-        (docs / "disk-results.md").write_text(text + "\n")
+        plot(rows, docs / "benchmark-disk.png")
+        (docs / "disk-results.md").write_text(text + "\n\n![peak RSS growth per build](benchmark-disk.png)\n")
         (docs / "disk-results.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
     print(text)
     return rows

@@ -224,6 +224,7 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], command: str, wall
     layers, mib = rows[0]["layers"], rows[0]["mib"]
     return (
         f"### The seed at its real size: {mib:g} MiB, L = {layers}\n\n"
+        "![device memory and peak RSS per variant](benchmark-seed-real.png)\n\n"
         f"Produced by `{command}` in {wall_s:.0f} s on: "
         + ", ".join(f"{k} {v}" for k, v in env.items())
         + ".\n\n"
@@ -289,6 +290,33 @@ def update_readme(path: pathlib.Path, rows: list[dict[str, Any]]) -> bool:
     return True
 
 
+def plot(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
+    """Live device MiB and peak RSS of each variant, under each pipeline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers, mib = rows[0]["layers"], rows[0]["mib"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, pipeline in zip(axes, ("default", "simplified"), strict=True):
+        sel = [r for r in rows if r["pipeline"] == pipeline]
+        names = [r["variant"] for r in sel]
+        device = [r["device_bytes"] / 2**20 for r in sel]
+        peak = [(r.get("os_peak_rss_bytes") or 0) / 2**20 for r in sel]
+        y = range(len(sel))
+        ax.barh([i + 0.2 for i in y], device, height=0.4, label="live device MiB holding the constant")
+        ax.barh([i - 0.2 for i in y], peak, height=0.4, label="process peak RSS, MiB")
+        ax.set_yticks(list(y), names)
+        ax.set_xscale("log")
+        ax.set_title(f"{pipeline} pipeline: {mib:g} MiB constant, L = {layers}")
+        ax.grid(True, axis="x", which="both", alpha=0.3)
+    axes[0].legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(quick: bool, docs: pathlib.Path, rss_limit: int | None = None) -> list[dict[str, Any]]:
     start = time.monotonic()
     rows = run(quick, rss_limit, 1 if quick else REPEATS)
@@ -298,6 +326,7 @@ def main(quick: bool, docs: pathlib.Path, rss_limit: int | None = None) -> list[
     text = markdown(rows, env, command, wall_s)
     docs.mkdir(exist_ok=True)
     (docs / "benchmark-seed-real.md").write_text(text)
+    plot(rows, docs / "benchmark-seed-real.png")
     (docs / "benchmark-seed-real.json").write_text(
         json.dumps({"environment": env, "command": command, "wall_s": wall_s, "rows": rows}, indent=1)
     )
