@@ -629,21 +629,26 @@ def jit(fun: None = None, /, **jit_kwargs: Any) -> Callable[[Callable[..., Any]]
 def jit(
     fun: Callable[..., Any] | None = None, /, **jit_kwargs: Any
 ) -> JitWrapped | Callable[[Callable[..., Any]], JitWrapped]:
-    """`jax.jit`, with every FrozenConst the function reaches passed in as a parameter.
+    """`jax.jit`, with the data of every FrozenConst the function reaches kept out of the program.
 
     Takes the same keyword arguments as `jax.jit`. A FrozenConst closed over,
     read from a global, held by a static argument, or used inside a nested
-    `jax.jit`, `lax.scan`, `lax.cond`, `jax.grad` or `jax.vmap` becomes a
-    parameter of the compiled program fed from its cached device buffer: the
-    program holds none of its data, and every function shares one device
-    buffer per constant.
+    `jax.jit`, `lax.scan`, `lax.cond`, `jax.grad` or `jax.vmap` is fed from its
+    cached device buffer: as a parameter of the compiled program under JAX's
+    default constant pipeline, or as the buffer itself, which JAX passes to the
+    executable, under the simplified one. The program holds none of its data,
+    and every function shares one device buffer per constant.
 
-    Inside the traced function a FrozenConst is abstract, like an argument:
-    Python control flow on its values (`if x[0] > 0:`) needs `jax.lax.cond`.
+    Inside the traced function a FrozenConst that is a parameter is abstract,
+    like an argument: Python control flow on its values (`if x[0] > 0:`) needs
+    `jax.lax.cond`.
 
     Arguments:
         fun: the function to compile. Omit it to use `jit(...)` as a decorator factory.
-        **jit_kwargs: anything `jax.jit` accepts (`static_argnums`, `donate_argnums`, ...).
+        **jit_kwargs: anything `jax.jit` accepts (`static_argnums`, `donate_argnums`, ...),
+            and `embed_max_bytes` (default 1024): under JAX's default pipeline, a
+            FrozenConst of at most this many bytes is embedded, as `jax.jit` embeds
+            it, which costs less per call than a parameter; 0 makes every one a parameter.
 
     Returns:
         A callable with `lower` and `trace` like a `jax.jit` function.
