@@ -16,6 +16,7 @@ from jax.extend import source_info_util
 from ._cache import LIVE
 from ._errors import FrozenConstValueError
 from ._fingerprint import fingerprint
+from ._stats import human_bytes
 
 Kind = Literal["numpy", "jax", "frozenconst"]
 
@@ -126,14 +127,14 @@ class AuditReport:
         for c in self.constants:
             for problem in c.problems(self.pipeline):
                 out.append(
-                    f"{c.kind} {c.dtype}{list(c.shape)} ({_size(c.nbytes)}) at {c.first_use}: {problem}"
+                    f"{c.kind} {c.dtype}{list(c.shape)} ({human_bytes(c.nbytes)}) at {c.first_use}: {problem}"
                 )
         for group in _duplicate_groups(self.constants):
             if len(group) > 1:
                 c = group[0]
                 out.append(
                     f"same data held by {len(group)} constants ({c.dtype}{list(c.shape)}, "
-                    f"{_size(c.nbytes)} each); fix: `frozenconst.intern` them into one"
+                    f"{human_bytes(c.nbytes)} each); fix: `frozenconst.intern` them into one"
                 )
         return out
 
@@ -142,14 +143,14 @@ class AuditReport:
         rows = [header, "-" * len(header)]
         for c in self.constants:
             rows.append(
-                f"{c.kind:<12} {list(c.shape)!s:<18} {c.dtype:<9} {_size(c.nbytes):>10} {c.uses:>5} "
+                f"{c.kind:<12} {list(c.shape)!s:<18} {c.dtype:<9} {human_bytes(c.nbytes):>10} {c.uses:>5} "
                 f"{c.device_copies:>7}  {c.first_use or '?'}"
             )
         if not self.constants:
             rows.append("(no captured constants)")
         rows.append(
-            f"{len(self.constants)} constant(s), {_size(self.total_bytes)} in total, "
-            f"{_size(self.duplicate_bytes)} duplicated; JAX constant pipeline: {self.pipeline}"
+            f"{len(self.constants)} constant(s), {human_bytes(self.total_bytes)} in total, "
+            f"{human_bytes(self.duplicate_bytes)} duplicated; JAX constant pipeline: {self.pipeline}"
         )
         rows.append(
             "* copies: device copies JAX makes under its simplified constant pipeline (future default)"
@@ -157,13 +158,6 @@ class AuditReport:
         problems = self.lines()
         rows += ["", "Problems:" if problems else "No problems found."] + [f"- {p}" for p in problems]
         return "\n".join(rows)
-
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"
 
 
 def _duplicate_groups(constants: tuple[CapturedConstant, ...]) -> list[list[CapturedConstant]]:

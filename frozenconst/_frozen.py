@@ -21,7 +21,7 @@ from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWar
 from ._host import as_dtype, freeze, frozen_copy, native, to_numpy
 from ._partial import PartialStore, from_callback, from_source, lazily_sliceable
 from ._placement import Target, as_sharding
-from ._stats import ConstStats, const_stats
+from ._stats import ConstStats, const_stats, human_bytes
 
 # `jax.Array` methods that free or invalidate the cached buffer. Everything else
 # on `jax.Array` is offered on `FrozenConst` too, computed on the cached buffer.
@@ -498,14 +498,14 @@ class FrozenConst(_StaticBase):
             store = self._store
             return (
                 f"FrozenConst(shape={store.shape}, dtype={store.dtype}, process {jax.process_index()} "
-                f"holds {store.held()}, {_human(store.host_nbytes)})"
+                f"holds {store.held()}, {human_bytes(store.host_nbytes)})"
             )
         host = self._store.host
         if host.size <= _REPR_MAX_ELEMENTS:
             body = np.array2string(host, separator=", ", prefix="FrozenConst(")
             shape = f", shape={host.shape}" if host.size == 0 else ""
             return f"FrozenConst({body}{shape}, dtype={host.dtype})"
-        return f"FrozenConst(shape={host.shape}, dtype={host.dtype}, nbytes={_human(host.nbytes)})"
+        return f"FrozenConst(shape={host.shape}, dtype={host.dtype}, nbytes={human_bytes(host.nbytes)})"
 
     # -- scalar conversions, as `jax.Array` allows them ------------------------
 
@@ -680,15 +680,6 @@ def adopt_host(host: np.ndarray[Any, Any]) -> FrozenConst:
     handle = object.__new__(FrozenConst)
     handle._init(Store(host), None)  # pyright: ignore[reportPrivateUsage] - its own class's initializer
     return handle
-
-
-def _human(nbytes: int) -> str:
-    size = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{nbytes} B"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 def _unwrap(value: Any) -> Any:

@@ -41,9 +41,7 @@ class ConstStats:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (devices as strings)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["device_bytes"] = {str(d): n for d, n in self.device_bytes.items()}
-        return out
+        return _json_dict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,9 +68,21 @@ class Stats:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (devices as strings)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["device_bytes"] = {str(d): n for d, n in self.device_bytes.items()}
-        return out
+        return _json_dict(self)
+
+
+def _json_dict(report: ConstStats | Stats) -> dict[str, Any]:
+    out = {f.name: getattr(report, f.name) for f in dataclasses.fields(report)}
+    out["device_bytes"] = {str(d): n for d, n in report.device_bytes.items()}
+    return out
+
+
+def human_bytes(nbytes: int) -> str:
+    """`nbytes` in the largest binary unit up to GiB it reaches: `1.5 KiB`, `512 B`."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
 
 
 def _device_bytes(arrays: Iterable[jax.Array]) -> tuple[dict[Device, int], set[tuple[Device, int]]]:
