@@ -1,9 +1,16 @@
 """Helpers shared by several test modules (fixtures stay in conftest.py)."""
 
+import functools
+import gc
 import os
 import pathlib
 import signal
 import subprocess
+
+import jax
+import jax.experimental
+import jax.numpy
+import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIMEOUT_S = 240
@@ -32,3 +39,78 @@ def run_bounded(cmd, timeout=TIMEOUT_S, **kwargs):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return proc.returncode, out
+
+
+# `jax.enable_x64` is public from jax 0.8; older JAX has it as `jax.experimental.enable_x64`.
+enable_x64 = jax.enable_x64 if hasattr(jax, "enable_x64") else jax.experimental.enable_x64
+
+SIMPLIFIED = os.environ.get("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS", "") not in ("", "0", "false", "False")
+
+
+@functools.cache
+def raw_numpy_lowers() -> bool:
+    """Whether this JAX can lower a program that closes over a NumPy array.
+
+    jax 0.7 to 0.9 cannot under the simplified pipeline (seen on 0.7.2, 0.8.3 and
+    0.9.2; fixed in 0.10). Asked on first need: it starts JAX's backend.
+    """
+    try:
+        jax.jit(lambda w: w + np.arange(2, dtype=np.float32)).lower(jax.numpy.ones(2, np.float32))
+    except Exception:
+        return False
+    return True
+
+
+@functools.cache
+def jax_donates_closed_over_buffers() -> bool:
+    """Whether `jax.jit` runs a call that donates an array its function also closes over.
+
+    jax 0.9 (seen on 0.9.2) refuses it under the simplified pipeline: the closed-over
+    array is passed as an argument, and XLA refuses to donate a buffer used twice.
+    """
+    c = jax.numpy.arange(2.0, dtype=np.float32)
+    try:
+        jax.jit(lambda a: a * 0 + c * 0, donate_argnums=0)(c)
+    except Exception:
+        return False
+    return True
+
+
+def live_copies(data: np.ndarray) -> int:
+    """Distinct device buffers JAX holds right now whose contents equal `data`.
+
+    Observed through JAX alone (`jax.live_arrays()`). Two `jax.Array` objects over
+    one buffer (same device, same `unsafe_buffer_pointer()`) are one copy: jax
+    0.10 keeps a second handle on a closed-over array's buffer while compiling.
+    """
+    gc.collect()
+    buffers = set()
+    for arr in jax.live_arrays():
+        if arr.is_deleted() or arr.shape != data.shape:
+            continue
+        if np.array_equal(np.asarray(arr), np.asarray(data, dtype=arr.dtype), equal_nan=True):
+            for shard in arr.addressable_shards:
+                buffers.add((shard.device, shard.data.unsafe_buffer_pointer()))
+    return len(buffers)
+
+
+def assert_float32_close(actual, expected, magnitude, rtol=1e-5) -> None:
+    """`actual` equals `expected` up to the float32 rounding of sums of terms of `magnitude`.
+
+    `magnitude` is the sum of the terms' absolute values (`abs(a) @ abs(b)` for
+    `a @ b`).
+
+    XLA and NumPy sum in different orders. Where terms cancel, an entry can be
+    far smaller than its terms, and a tolerance relative to the entry alone
+    fails on rounding (it did in CI: 1.3e-5 relative on an entry of 0.022,
+    the sum of eight products of about 1). A wrong constant, a stale buffer or
+    a leaked tracer is off by the size of the terms, and still fails.
+    """
+    atol = rtol * float(np.max(np.abs(magnitude)))
+    np.testing.assert_allclose(np.asarray(actual), expected, rtol=rtol, atol=atol)
+
+
+def unique_data(shape=(64, 32), dtype=np.float32, seed=None) -> np.ndarray:
+    """Random data unlikely to equal any other live array in the process."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(shape).astype(dtype)

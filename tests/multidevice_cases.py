@@ -10,7 +10,7 @@ import gc  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from conftest import SIMPLIFIED, assert_float32_close  # noqa: E402
+from helpers import SIMPLIFIED, assert_float32_close  # noqa: E402
 from jax.sharding import NamedSharding, SingleDeviceSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import SIMPLIFIED, unique_data
+from helpers import SIMPLIFIED, unique_data
 
 import frozenconst
 from frozenconst import FrozenConst
@@ -130,6 +130,7 @@ def test_guard_passes_other_warnings_through():
         warnings.warn("unrelated", UserWarning, stacklevel=1)
 
 
+@pytest.mark.subprocess
 @pytest.mark.usefixtures("needs_raw_numpy_lowering")
 def test_pytest_fixture_through_the_plugin_entry_point(tmp_path):
     (tmp_path / "test_user.py").write_text(
@@ -162,6 +163,7 @@ def test_pytest_fixture_through_the_plugin_entry_point(tmp_path):
     assert "CapturedNumpyConstantError" in out.stdout and "float32[64,64]" in out.stdout
 
 
+@pytest.mark.subprocess
 def test_command_line_audit():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     run = lambda *a: subprocess.run(

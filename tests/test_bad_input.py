@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import enable_x64
+from helpers import enable_x64
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import enable_x64, live_copies, unique_data
+from helpers import enable_x64, live_copies, unique_data
 
 from frozenconst import FrozenConst
 

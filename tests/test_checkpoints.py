@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from conftest import live_copies, unique_data
 from flax import nnx
+from helpers import live_copies, unique_data
 
 import frozenconst
 from frozenconst import FrozenConst

@@ -19,8 +19,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import SIMPLIFIED, assert_float32_close, enable_x64, unique_data
-from helpers import run_bounded, subprocess_env
+from helpers import SIMPLIFIED, assert_float32_close, enable_x64, run_bounded, subprocess_env, unique_data
 from hypothesis import strategies as st
 
 import frozenconst

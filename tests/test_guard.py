@@ -1,7 +1,7 @@
 """The `no_numpy_constants` guard decides from the compiled programs themselves.
 
 The fixture and the basic cases are in test_audit.py. The suite runs once per
-JAX constant pipeline (`conftest.SIMPLIFIED`); every case here holds in both.
+JAX constant pipeline (`helpers.SIMPLIFIED`); every case here holds in both.
 """
 
 import pathlib
@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import SIMPLIFIED, unique_data
+from helpers import SIMPLIFIED, unique_data
 
 import frozenconst
 from frozenconst import FrozenConst, _compat

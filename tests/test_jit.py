@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import SIMPLIFIED, assert_float32_close, live_copies, unique_data
+from helpers import SIMPLIFIED, assert_float32_close, live_copies, unique_data
 
 import frozenconst
 from frozenconst import FrozenConst

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import jax_donates_closed_over_buffers
+from helpers import jax_donates_closed_over_buffers
 
 import frozenconst
 from frozenconst import FrozenConst

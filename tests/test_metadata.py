@@ -12,8 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import SIMPLIFIED
-from helpers import run_bounded, subprocess_env
+from helpers import SIMPLIFIED, run_bounded, subprocess_env
 
 import frozenconst
 from frozenconst import FrozenConst

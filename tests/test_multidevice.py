@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 
+import pytest
 from helpers import run_bounded, subprocess_env
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -22,6 +23,7 @@ def _run(cmd, **kwargs):
     return run_bounded(cmd, TIMEOUT_S, **kwargs)
 
 
+@pytest.mark.subprocess
 def test_four_cpu_devices_in_one_process():
     code, out = _run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "multidevice_cases.py")],
@@ -67,6 +69,7 @@ def _two_processes(port):
     return [p.returncode for p in procs], outputs
 
 
+@pytest.mark.subprocess
 def test_two_processes_with_jax_distributed():
     for _attempt in range(3):
         codes, outputs = _two_processes(_free_port())
@@ -79,6 +82,7 @@ def test_two_processes_with_jax_distributed():
         assert f"process {i} ok" in out, out[-4000:]
 
 
+@pytest.mark.subprocess
 def test_the_documented_launcher_runs():
     code, out = _run([sys.executable, str(EXAMPLE)], env=_env(), cwd=HERE.parent)
     assert code == 0, out[-6000:]

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import enable_x64
+from helpers import enable_x64
 from hypothesis import find, given
 from hypothesis import strategies as st
 
@@ -110,6 +110,7 @@ def test_from_type_is_registered():
     check()
 
 
+@pytest.mark.subprocess
 def test_strategies_need_hypothesis(tmp_path):
     import subprocess
     import sys

@@ -7,9 +7,13 @@ memory limit is reported as having run out, with the last stage it reached.
 import pathlib
 import sys
 
+import pytest
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from benchmarks import seed_real
+
+pytestmark = pytest.mark.subprocess  # each variant runs in a fresh interpreter
 
 
 def test_a_variant_that_finishes_reports_its_peak_rss():

@@ -14,6 +14,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from benchmarks import seed
 
+pytestmark = pytest.mark.subprocess  # the measurements run in fresh interpreters
+
 LAYERS = 12
 
 

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import live_copies, unique_data
+from helpers import live_copies, unique_data
 
 import frozenconst
 from frozenconst import FrozenConst

@@ -7,8 +7,8 @@ import numpy as np
 import optax
 import pytest
 from beartype import beartype
-from conftest import live_copies, unique_data
 from flax import nnx
+from helpers import live_copies, unique_data
 from hypothesis import given
 from hypothesis import strategies as st
 from jaxtyping import Float, Int, TypeCheckError, jaxtyped

@@ -39,11 +39,13 @@ def _pyright(*files):
     )
 
 
+@pytest.mark.subprocess
 def test_library_sample_passes_mypy_strict():
     out = _mypy(str(TYPING / "library_sample.py"))
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.subprocess
 def test_library_sample_passes_pyright():
     out = _pyright(str(TYPING / "library_sample.py"))
     assert out.returncode == 0, out.stdout + out.stderr
@@ -60,12 +62,14 @@ def _error_lines():
     return {i + 1 for i, line in enumerate(lines) if "# ERROR" in line}
 
 
+@pytest.mark.subprocess
 def test_misuse_is_caught_by_mypy():
     out = _mypy(str(TYPING / "misuse_sample.py"))
     flagged = {int(line.split(":")[1]) for line in out.stdout.splitlines() if "misuse_sample.py:" in line}
     assert flagged == _error_lines(), out.stdout
 
 
+@pytest.mark.subprocess
 def test_misuse_is_caught_by_pyright():
     out = _pyright(str(TYPING / "misuse_sample.py"))
     flagged = {
@@ -76,6 +80,7 @@ def test_misuse_is_caught_by_pyright():
     assert flagged == _error_lines(), out.stdout
 
 
+@pytest.mark.subprocess
 def test_sample_runs():
     out = subprocess.run(
         [sys.executable, str(TYPING / "library_sample.py")],
