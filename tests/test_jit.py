@@ -35,7 +35,7 @@ def test_program_holds_no_constant_data(n_uses):
     # Shapes differ (4 vs 65536 rows), so the text differs by a few characters
     # per use, never by the 16 MiB of data.
     assert large_hlo <= 1.05 * small_hlo
-    assert large_hlo < 20_000
+    assert large_hlo * 100 < large.nbytes  # the data as HLO text would take about 4x its bytes
 
     # Within 1.05x of the same function with the constant passed explicitly
     # (default pipeline), or with its buffer closed over under jax.jit, which JAX
@@ -92,10 +92,8 @@ def test_reached_every_way_is_a_parameter():
     # or missing constant would be off by O(1).
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-4, atol=1e-4)
     text = f.lower(w, holder, {"t": c}).as_text()
-    assert len(text) < 60_000  # 64 KiB of data would take far more as text
-    jaxpr = f.trace(w, holder, {"t": c}).jaxpr if hasattr(f, "trace") else None
-    if jaxpr is not None:
-        assert not any(getattr(k, "size", 0) >= 128 * 128 for k in jaxpr.consts)
+    assert len(text) < c.nbytes  # the 64 KiB of data, embedded, would take about 4x its bytes as text
+    assert not any(getattr(k, "size", 0) >= 128 * 128 for k in f.trace(w, holder, {"t": c}).jaxpr.consts)
     assert live_copies(data) == 1
 
 
@@ -104,7 +102,7 @@ def test_nested_frozenconst_jit_stays_hoisted_even_when_traced_before():
     inner = frozenconst.jit(lambda w: c @ w)
     inner(jnp.ones(128))  # traced and cached eagerly first
     outer = frozenconst.jit(lambda w: inner(w) * 2)
-    assert len(outer.lower(jnp.ones(128)).as_text()) < 5_000
+    assert len(outer.lower(jnp.ones(128)).as_text()) * 4 < c.nbytes  # no 64 KiB of data (about 4x as text)
     ones = np.ones(128, np.float32)
     assert_float32_close(outer(jnp.ones(128)), np.asarray(c) @ ones * 2, np.abs(np.asarray(c)) @ ones * 2)
 
@@ -117,7 +115,7 @@ def test_nested_jax_jit_traced_before_is_hoisted_too():
     inner = jax.jit(lambda w: c @ w)
     inner(jnp.ones(128))
     outer = frozenconst.jit(lambda w: inner(w) + 1)
-    assert len(outer.lower(jnp.ones(128)).as_text()) < 5_000
+    assert len(outer.lower(jnp.ones(128)).as_text()) * 4 < c.nbytes  # no 64 KiB of data (about 4x as text)
     ones = np.ones(128, np.float32)
     assert_float32_close(outer(jnp.ones(128)), np.asarray(c) @ ones + 1, np.abs(np.asarray(c)) @ ones + 1)
 
@@ -196,7 +194,6 @@ def test_constant_discovered_late_gives_correct_results():
     np.testing.assert_array_equal(np.asarray(f(jnp.ones((1, 4)))), 44.0)  # b first reached here
     assert f.constants == (0 if SIMPLIFIED else 2)
     np.testing.assert_array_equal(np.asarray(f(jnp.full(4, 2.0))), np.full(4, 2.0))
-    assert len(f.lower(jnp.ones((1, 4))).as_text()) < 5_000
 
 
 def test_static_and_donated_arguments_behave_as_in_jax_jit():
@@ -206,10 +203,11 @@ def test_static_and_donated_arguments_behave_as_in_jax_jit():
     def f(w, power):
         return c**power + w
 
-    w = jnp.ones(4)
+    w, v = jnp.ones(4), jnp.ones(4)
     out = f(w, 2)
     np.testing.assert_array_equal(np.asarray(out), np.arange(4.0) ** 2 + 1)
-    assert w.is_deleted() or jax.devices()[0].platform == "cpu"  # CPU may decline donation
+    jax.jit(lambda w, power: c**power + w, static_argnames="power", donate_argnums=0)(v, 2)
+    assert w.is_deleted() == v.is_deleted()  # donated exactly when jax.jit donates
     out3 = f(jnp.ones(4), power=3)
     np.testing.assert_array_equal(np.asarray(out3), np.arange(4.0) ** 3 + 1)
     g = frozenconst.jit(lambda n, w: c * n + w, static_argnums=(0,))
