@@ -21,7 +21,7 @@ VENVMIDDLE := .venv-jax$(subst .,,$(JAX_MIDDLE))
 PIP_FLAGS := --quiet --disable-pip-version-check
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 
-.PHONY: demo test test-fast lint typecheck docs doctest pytest-311 pytest-312 pytest-floor pytest-middle bench clean
+.PHONY: demo test test-fast lint typecheck docs doctest package pytest-311 pytest-312 pytest-floor pytest-middle bench clean
 
 $(VENV311)/.installed: pyproject.toml
 	@test -n "$(PYTHON311)" || { echo "error: no Python 3.11 found; set PYTHON311=/path/to/python3.11" >&2; exit 1; }
@@ -92,7 +92,19 @@ pytest-middle: $(VENVMIDDLE)/.installed
 	env -u JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS $(VENVMIDDLE)/bin/python -m pytest $(PYTEST_FLAGS)
 	JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1 $(VENVMIDDLE)/bin/python -m pytest $(PYTEST_FLAGS)
 
-test: lint typecheck docs doctest pytest-311 pytest-312 pytest-floor pytest-middle
+# The package as users get it: wheel and sdist built in isolation, their
+# metadata checked, the wheel installed (not editable) in a clean environment,
+# and part of the suite run against it from outside the checkout.
+package: $(VENV311)/.installed
+	rm -rf .dist .venv-wheel
+	$(VENV311)/bin/python -m build --outdir .dist . > /dev/null
+	$(VENV311)/bin/twine check --strict .dist/*
+	$(PYTHON311) -m venv .venv-wheel
+	.venv-wheel/bin/python -m pip install $(PIP_FLAGS) .dist/*.whl 'pytest>=8' 'hypothesis>=6.100' 'pytest-timeout>=2.3'
+	cd .dist && FROZENCONST_WHEEL_TEST=1 ../.venv-wheel/bin/python -m pytest $(PYTEST_FLAGS) \
+	  ../tests/test_installed.py ../tests/test_cache.py ../tests/test_host.py ../tests/test_jit.py
+
+test: lint typecheck docs doctest package pytest-311 pytest-312 pytest-floor pytest-middle
 
 # The 3.11 suite under both pipelines only: quick feedback while developing.
 test-fast: pytest-311
@@ -101,4 +113,4 @@ bench: $(VENV311)/.installed
 	$(VENV311)/bin/python -m benchmarks
 
 clean:
-	rm -rf $(VENV311) $(VENV312) $(VENVFLOOR) $(VENVMIDDLE) .site .mypy_cache .ruff_cache
+	rm -rf $(VENV311) $(VENV312) $(VENVFLOOR) $(VENVMIDDLE) .venv-wheel .dist .site .mypy_cache .ruff_cache
