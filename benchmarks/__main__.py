@@ -27,7 +27,8 @@ from typing import Any
 
 from . import constants, core, disk, multihost, seed, seed_real
 
-DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
+# Generated output (tables, JSON, plots), apart from the hand-written pages.
+DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
 
 
 def _median_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -117,14 +118,14 @@ def run_seed(quick: bool, repeats: int) -> str:
         f"A raw NumPy closure costs up to {numpy_worst['live_copies']:.0f}x the live copies (simplified "
         f"pipeline) and {numpy_worst['hlo_bytes']:.0f}x the HLO bytes (default pipeline)."
     )
-    DOCS.mkdir(exist_ok=True)
+    DOCS.mkdir(parents=True, exist_ok=True)
     plot(rows, 4.0, DOCS / "benchmark-seed.png")
     command = "python -m benchmarks seed" + (" --quick" if quick else "")
     (DOCS / "benchmark-results.md").write_text(
         "# Benchmark results: constants inside jit\n\n"
         f"Produced by `{command}` ({repeats} runs per configuration, medians) on:\n\n{header}\n\n"
         f"**Summary.** {summary}\n\n"
-        '--8<-- "benchmark-seed-real.md"\n\n'
+        '--8<-- "results/benchmark-seed-real.md"\n\n'
         f"### The sweep: L in {', '.join(map(str, layers))}; {', '.join(f'{m:g}' for m in sizes)} MiB\n\n"
         "![device memory and compile time against L](benchmark-seed.png)\n\n"
         "The seed scenario: one constant matmul'd against L weight matrices inside one jitted function. "

@@ -278,4 +278,4 @@ if __name__ == "__main__":  # pragma: no cover
         os._exit(0)
     import pathlib
 
-    main("--quick" in sys.argv, pathlib.Path(__file__).resolve().parent.parent / "docs")
+    main("--quick" in sys.argv, pathlib.Path(__file__).resolve().parent.parent / "docs" / "results")

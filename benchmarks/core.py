@@ -647,5 +647,5 @@ def render(docs: pathlib.Path, quick: bool = False) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main("--quick" in sys.argv, pathlib.Path(__file__).resolve().parent.parent / "docs")
+    main("--quick" in sys.argv, pathlib.Path(__file__).resolve().parent.parent / "docs" / "results")
     os._exit(0)

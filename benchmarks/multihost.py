@@ -198,4 +198,4 @@ if __name__ == "__main__":
         port, pid, count, path, variant = sys.argv[2:7]
         _worker(int(port), int(pid), int(count), path, variant)
     else:
-        main("--quick" in sys.argv, pathlib.Path(__file__).resolve().parent.parent / "docs")
+        main("--quick" in sys.argv, pathlib.Path(__file__).resolve().parent.parent / "docs" / "results")

@@ -324,14 +324,14 @@ def main(quick: bool, docs: pathlib.Path, rss_limit: int | None = None) -> list[
     env = seed.environment()
     command = "python -m benchmarks seed-real" + (" --quick" if quick else "")
     text = markdown(rows, env, command, wall_s)
-    docs.mkdir(exist_ok=True)
+    docs.mkdir(parents=True, exist_ok=True)
     (docs / "benchmark-seed-real.md").write_text(text)
     plot(rows, docs / "benchmark-seed-real.png")
     (docs / "benchmark-seed-real.json").write_text(
         json.dumps({"environment": env, "command": command, "wall_s": wall_s, "rows": rows}, indent=1)
     )
     if not quick:  # the README quotes the real size only
-        update_readme(docs.parent / "README.md", rows)
+        update_readme(docs.parent.parent / "README.md", rows)
     print(text)
     return rows
 

@@ -217,8 +217,8 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
         >>> import numpy as np, jax, jax.numpy as jnp, frozenconst
         >>> table = np.ones((256, 256), np.float32)
         >>> report = frozenconst.audit(lambda w: sum(table @ w for _ in range(4)), jnp.ones(256))
-        >>> [(c.kind, c.uses) for c in report.constants]
-        [('numpy', 4)]
+        >>> tuple((c.kind, c.uses) for c in report.constants)
+        (('numpy', 4),)
         >>> report.duplicate_bytes == 3 * table.nbytes
         True
     """
