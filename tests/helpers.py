@@ -5,6 +5,7 @@ import gc
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 
 import jax
@@ -22,6 +23,46 @@ def subprocess_env():
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env.setdefault("JAX_PLATFORMS", "cpu")
     return env
+
+
+def free_port():
+    """A free TCP port on loopback. Another process could take it before the
+    coordinator binds it; callers that care retry with a new one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_processes(commands, timeout=TIMEOUT_S):
+    """Run `commands` side by side, each in its own process group; kill every group
+    still running once they are done or the time is up.
+
+    Returns (exit codes, outputs with stderr merged).
+    """
+    procs = [
+        subprocess.Popen(
+            cmd,
+            env=subprocess_env(),
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for cmd in commands
+    ]
+    outputs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout)
+            outputs.append(out)
+    except subprocess.TimeoutExpired:
+        outputs.append("timed out")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    return [p.returncode for p in procs], outputs
 
 
 def run_bounded(cmd, timeout=TIMEOUT_S, **kwargs):

@@ -1,17 +1,13 @@
 """Constants bigger than one host (docs/bigger-than-host.md): in one process, what needs
 no other process; and 2- and 4-process runs over jax.distributed, bounded in time."""
 
-import os
 import pathlib
-import signal
-import socket
-import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
-from helpers import run_bounded, subprocess_env
+from helpers import free_port, run_bounded, run_processes, subprocess_env
 
 from frozenconst import FrozenConst, FrozenConstTypeError, FrozenConstValueError
 from frozenconst._partial import lazily_sliceable
@@ -77,39 +73,11 @@ def test_from_callback_names_the_index_and_what_it_received():
         FrozenConst.from_callback((2,), sharding, lambda index: np.zeros(2), dtype=object)
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _processes(count, path):
     """Run the worker in `count` processes; their exit codes and outputs."""
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(port), str(i), str(count), str(path)],
-            env=subprocess_env(),
-            start_new_session=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(count)
-    ]
-    outputs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=TIMEOUT_S)
-            outputs.append(out)
-    except subprocess.TimeoutExpired:
-        outputs.append("timed out")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    return [p.returncode for p in procs], outputs
+    port = free_port()
+    worker = [sys.executable, str(WORKER), str(port)]
+    return run_processes([[*worker, str(i), str(count), str(path)] for i in range(count)], TIMEOUT_S)
 
 
 @pytest.mark.subprocess

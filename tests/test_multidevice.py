@@ -1,14 +1,10 @@
 """Multi-device and multi-process JAX, each in subprocesses bounded in time."""
 
-import os
 import pathlib
-import signal
-import socket
-import subprocess
 import sys
 
 import pytest
-from helpers import run_bounded, subprocess_env
+from helpers import free_port, run_bounded, run_processes, subprocess_env
 
 HERE = pathlib.Path(__file__).resolve().parent
 EXAMPLE = HERE.parent / "examples" / "multihost.py"
@@ -34,45 +30,14 @@ def test_four_cpu_devices_in_one_process():
     assert " passed" in out and "failed" not in out
 
 
-def _free_port():
-    # Ask the OS for a free port on loopback. Another process could take it
-    # before the coordinator binds it; the test then retries with a new one.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _two_processes(port):
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(EXAMPLE), str(port), str(i)],
-            env=_env(),
-            start_new_session=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    outputs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=TIMEOUT_S)
-            outputs.append(out)
-    except subprocess.TimeoutExpired:
-        outputs.append("timed out")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    return [p.returncode for p in procs], outputs
+    return run_processes([[sys.executable, str(EXAMPLE), str(port), str(i)] for i in range(2)], TIMEOUT_S)
 
 
 @pytest.mark.subprocess
 def test_two_processes_with_jax_distributed():
     for _attempt in range(3):
-        codes, outputs = _two_processes(_free_port())
+        codes, outputs = _two_processes(free_port())
         if codes == [0, 0]:
             break
         if not any("Address already in use" in o or "bind" in o.lower() for o in outputs):
