@@ -1,7 +1,13 @@
 """The seed scenario: one large constant used by many layers inside one jitted function.
 
     python -m benchmarks.seed --demo          # the `make demo` table
+    python -m benchmarks.seed --pipeline simplified --layers 12 --mib 0.5 --json rows.json
+                                              # every variant, one fresh interpreter, rows as JSON
+    python -m benchmarks.seed --list --json names.json   # the pipelines and variants, as JSON
     python -m benchmarks.seed --worker ...    # one measurement, as JSON (internal)
+
+`--json PATH` writes the pipelines, the variants and (when something was
+measured) the environment and the rows to PATH; nothing under docs/ is written.
 
 JAX reads its constant pipeline (`JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS`) at import,
 so each pipeline is measured in a subprocess of its own.
@@ -238,7 +244,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def demo() -> None:
+def demo() -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Print the `make demo` table; return its (rows, environment)."""
     layers, mib = 40, 4
     print(
         f"Seed scenario: one {mib} MiB float32 constant matmul'd against {layers} weight matrices "
@@ -256,19 +263,73 @@ def demo() -> None:
     for name, text in VARIANTS.items():
         print(f"  {name:20s} {text}")
     print("\n" + ", ".join(f"{k} {v}" for k, v in env.items()))
+    return rows, env
+
+
+def measure_pipeline(
+    pipeline: str, layers: int, mib: float, steps: int, exclude: list[str]
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Every variant but `exclude`, in `VARIANTS` order, in one fresh interpreter: (rows, environment)."""
+    unknown = sorted(set(exclude) - set(VARIANTS))
+    if unknown:
+        raise ValueError(f"unknown variant(s) {unknown}; choose from {sorted(VARIANTS)}")
+    jobs = [(variant, layers, mib) for variant in VARIANTS if variant not in exclude]
+    rows = run_in_subprocess(pipeline, jobs, steps)
+    env: dict[str, str] = rows.pop()["environment"]
+    return rows, env
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--demo", action="store_true", help="print the seed scenario table (make demo)")
+    parser.add_argument(
+        "--demo", action="store_true", help="print the seed scenario table (make demo; the default)"
+    )
+    parser.add_argument(
+        "--pipeline",
+        choices=sorted(PIPELINES),
+        help="measure every variant under this constant pipeline, in one fresh interpreter",
+    )
+    parser.add_argument("--layers", type=int, default=40, help="with --pipeline: layers using the constant")
+    parser.add_argument("--mib", type=float, default=4.0, help="with --pipeline: the constant's size in MiB")
+    parser.add_argument("--steps", type=int, default=5, help="with --pipeline: timed steps at least")
+    parser.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        choices=sorted(v for v in VARIANTS if v != "argument"),  # every ratio is to the baseline
+        metavar="VARIANT",
+        help="with --pipeline: leave this variant out (repeatable; the argument baseline stays)",
+    )
+    parser.add_argument(
+        "--list", action="store_true", help="only the pipelines and variants (no measurement)"
+    )
+    parser.add_argument(
+        "--json", metavar="PATH", help="write the pipelines, variants and rows to PATH as JSON"
+    )
     parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         _worker(args.worker)
+        return
+    result: dict[str, Any] = {"pipelines": PIPELINES, "variants": VARIANTS}
+    if args.list:
+        if not args.json:
+            print(json.dumps(result, indent=1))
+    elif args.pipeline:
+        try:
+            rows, env = measure_pipeline(args.pipeline, args.layers, args.mib, args.steps, args.exclude)
+        except RuntimeError as err:  # the worker failed: its stderr is in the message
+            sys.exit(str(err))
+        result.update(environment=env, rows=rows)
+        print(table(rows))
     else:
-        demo()
+        rows, env = demo()
+        result.update(environment=env, rows=rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """The seed at its real size: one 64 MiB constant matmul'd against 160 weight matrices.
 
-    python -m benchmarks seed-real           # writes docs/benchmark-seed-real.md and .json
+    python -m benchmarks seed-real           # writes docs/results/benchmark-seed-real.md and .json
+    python -m benchmarks.seed_real --variant argument --pipeline default --layers 4 --mib 1 \
+        --json row.json                      # one variant, one process; its row as JSON, docs untouched
     python -m benchmarks.seed_real --worker JSON   # one variant, one process (internal)
 
 jax #5308 as reported: one 64 MB NumPy constant used by 160 layers inside one
@@ -336,11 +338,49 @@ def main(quick: bool, docs: pathlib.Path, rss_limit: int | None = None) -> list[
     return rows
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
+def _cli() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--variant",
+        choices=sorted(seed.VARIANTS),
+        help="measure this variant alone in a fresh interpreter; without it, the whole section",
+    )
+    parser.add_argument("--pipeline", choices=sorted(seed.PIPELINES), default="default")
+    parser.add_argument("--layers", type=int, default=LAYERS)
+    parser.add_argument("--mib", type=float, default=MIB)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps at least")
+    parser.add_argument(
+        "--rss-limit-bytes",
+        type=int,
+        help="resident memory at which the variant counts as out of memory (default: 90%% of RAM)",
+    )
+    parser.add_argument(
+        "--timeout-s", type=float, default=900, help="wall time at which it counts as run out"
+    )
+    parser.add_argument(
+        "--json", metavar="PATH", help="with --variant: write its row and its table to PATH as JSON"
+    )
     parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.json and not args.variant:
+        parser.error("--json goes with --variant (the whole section writes docs/results/)")
     if args.worker:
         _worker(args.worker)
+    elif args.variant:
+        limit = args.rss_limit_bytes or default_rss_limit()
+        row = run_variant(
+            args.variant, args.pipeline, args.layers, args.mib, args.steps, limit, args.timeout_s
+        )
+        text = table([row])
+        print(text)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"row": row, "table": text}, f, indent=1)
     else:
-        main(False, pathlib.Path(__file__).resolve().parent.parent / "docs")
+        main(False, pathlib.Path(__file__).resolve().parent.parent / "docs" / "results", args.rss_limit_bytes)
+
+
+if __name__ == "__main__":
+    _cli()

@@ -1,41 +1,66 @@
 """The seed scenario as `make demo` and the benchmark measure it, checked for behaviour (not time).
 
-Each pipeline runs in a fresh subprocess, as in the benchmark: JAX reads the
-pipeline (`JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS`) when it is imported.
+The benchmark runs as a user runs it, `python -m benchmarks.seed` from the
+checkout's root, in a subprocess; the test reads the JSON it writes (`--json`).
+Each pipeline is measured in a fresh interpreter, as in the benchmark: JAX reads
+the pipeline (`JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS`) when it is imported.
 """
 
-import pathlib
+import json
 import sys
 
 import jax
 import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-
-from benchmarks import seed
+from helpers import ROOT, run_bounded, subprocess_env
 
 pytestmark = pytest.mark.subprocess  # the measurements run in fresh interpreters
 
 LAYERS = 12
+# The benchmark's pipelines (`benchmarks.seed.PIPELINES`), restated: pytest needs
+# them before any subprocess runs. The `listed` fixture checks them against the CLI.
+PIPELINES = ["default", "simplified"]
 
 
-@pytest.fixture(scope="module", params=sorted(seed.PIPELINES))
-def rows(request):
-    if seed.PIPELINES[request.param] and not hasattr(jax.config, "jax_use_simplified_jaxpr_constants"):
+def run_seed(tmp_path, name, *args):
+    """`python -m benchmarks.seed *args --json PATH` from the root: (exit code, output, the JSON or None)."""
+    path = tmp_path / f"{name}.json"
+    code, out = run_bounded(
+        [sys.executable, "-m", "benchmarks.seed", *args, "--json", str(path)],
+        env=subprocess_env(),
+        cwd=ROOT,
+    )
+    return code, out, json.loads(path.read_text()) if code == 0 else None
+
+
+@pytest.fixture(scope="module")
+def listed(tmp_path_factory):
+    """The benchmark's pipelines (name: value of the variable) and variants, from its CLI."""
+    code, out, names = run_seed(tmp_path_factory.mktemp("seed"), "list", "--list")
+    assert code == 0, out
+    assert sorted(names["pipelines"]) == PIPELINES
+    return names
+
+
+@pytest.fixture(scope="module", params=PIPELINES)
+def rows(request, listed, tmp_path_factory):
+    if listed["pipelines"][request.param] and not hasattr(jax.config, "jax_use_simplified_jaxpr_constants"):
         pytest.skip(f"jax {jax.__version__} has one constant pipeline (the flag arrived in 0.7)")
-    jobs = [(variant, LAYERS, 0.5) for variant in seed.VARIANTS]
-    try:
-        measured = seed.run_in_subprocess(request.param, jobs, steps=1)
-    except RuntimeError as err:
+    tmp = tmp_path_factory.mktemp(f"seed-{request.param}")
+    args = ["--pipeline", request.param, "--layers", str(LAYERS), "--mib", "0.5", "--steps", "1"]
+    expected = list(listed["variants"])
+    code, out, measured = run_seed(tmp, "all", *args)
+    if code != 0:
         # jax 0.8 and 0.9 (seen on 0.8.3 and 0.9.2) cannot lower a raw NumPy closure under
         # the simplified pipeline ("'TypedNdArray' object has no attribute 'sharding'"):
         # measure the other variants; the raw NumPy test then skips.
-        if "TypedNdArray" not in str(err):
-            raise
-        jobs = [job for job in jobs if job[0] != "numpy-closure"]
-        measured = seed.run_in_subprocess(request.param, jobs, steps=1)
-    measured.pop()  # the environment
-    return request.param, {r["variant"]: r for r in measured}
+        assert "TypedNdArray" in out, out
+        expected.remove("numpy-closure")
+        code, out, measured = run_seed(tmp, "without-numpy", *args, "--exclude", "numpy-closure")
+        assert code == 0, out
+    by_variant = {r["variant"]: r for r in measured["rows"]}
+    assert list(by_variant) == expected  # every variant asked for, each once
+    assert {r["pipeline"] for r in measured["rows"]} == {request.param}
+    return request.param, by_variant
 
 
 def test_frozenconst_jit_matches_the_argument_baseline(rows):
