@@ -16,13 +16,15 @@ from jax.extend import source_info_util
 from ._cache import LIVE
 from ._errors import FrozenConstValueError
 from ._fingerprint import fingerprint
-from ._stats import human_bytes
+from ._host import human_bytes
+from ._jit import EMBED_MAX_BYTES
 
 Kind = Literal["numpy", "jax", "frozenconst"]
 
-# Constants below this size are not worth a line of advice (JAX itself embeds
-# anything up to `jax_embedded_constants_max_bytes`, 32 bytes, as a literal).
-_ADVICE_MIN_BYTES = 1024
+# Constants up to `EMBED_MAX_BYTES` are not worth a line of advice: cheaper
+# embedded than passed (JAX itself embeds anything up to
+# `jax_embedded_constants_max_bytes`, 32 bytes, as a literal), and what
+# `frozenconst.jit` embeds too.
 # Above this, embedding a constant into the program hurts compile time and memory.
 _EMBED_WARN_BYTES = 1 << 20
 
@@ -62,7 +64,7 @@ class CapturedConstant:
     def problems(self, pipeline: str) -> list[str]:
         """What is wrong with this constant, each with its fix."""
         found: list[str] = []
-        if self.nbytes < _ADVICE_MIN_BYTES:
+        if self.nbytes <= EMBED_MAX_BYTES:
             return found
         if self.kind == "numpy":
             found.append(
@@ -234,7 +236,7 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
         if refused is None:
             raise
         raise refused from err
-    frozen_ids = {id(a) for store in list(LIVE) for a in store.cached()}
+    frozen_ids = {id(a) for store in list(LIVE) for a in store.arrays()}
 
     found: dict[int, dict[str, Any]] = {}
     order: list[int] = []

@@ -12,22 +12,18 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 from numpy.typing import ArrayLike, DTypeLike
 
-from . import _hoisting
-from ._cache import ACCOUNTING as _ACCOUNTING
 from ._cache import Placement, Store, owner_of
-from ._compat import DEFAULT_DEVICE as _DEFAULT_DEVICE
-from ._compat import X64 as _X64
+from ._derived import Derived
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
-from ._host import as_dtype, freeze, frozen_copy, native, to_numpy
+from ._hoisting import Source
+from ._host import frozen_copy
 from ._partial import PartialStore, from_callback, from_source, lazily_sliceable
-from ._placement import Target, as_sharding
-from ._stats import ConstStats, const_stats, human_bytes
+from ._stats import ConstStats, const_stats
+from ._targets import Target, as_sharding
 
 # `jax.Array` methods that free or invalidate the cached buffer. Everything else
 # on `jax.Array` is offered on `FrozenConst` too, computed on the cached buffer.
 _REFUSED = frozenset({"delete"})
-
-_REPR_MAX_ELEMENTS = 64
 
 
 if TYPE_CHECKING:
@@ -53,10 +49,10 @@ class FrozenConst(_StaticBase):
             `jax.Array`, or another `FrozenConst` (which shares its buffers,
             no copy).
         dtype: convert to this dtype while copying. Default: keep the dtype.
-        sharding: a placement (`jax.Device`, `Sharding`, or `PartitionSpec`
-            under `jax.set_mesh`) that every use of this constant gets:
-            `jnp` calls, jit arguments and `frozenconst.jit`. Default: follow
-            `jax.default_device`. See [`placed`][frozenconst.FrozenConst.placed].
+        sharding: the declared sharding, which every use of this constant gets
+            (`jnp` calls, jit arguments and `frozenconst.jit`): a `jax.Device`,
+            a `Sharding`, or a `PartitionSpec` under `jax.set_mesh`. Default:
+            follow `jax.default_device`. See [`placed`][frozenconst.FrozenConst.placed].
 
     Raises:
         FrozenConstTypeError: `obj` is not numeric data JAX can hold (object,
@@ -75,14 +71,17 @@ class FrozenConst(_StaticBase):
         Array(15., dtype=float32)
     """
 
-    __slots__ = ("__weakref__", "_leaf", "_leaf_host", "_placement", "_store")
+    __slots__ = ("__weakref__", "_sharding", "_store")
     # NumPy defers mixed operations (`np_array + x`) to us, as it does to `jax.Array`.
     __array_priority__: ClassVar[int] = 100
 
-    _store: Store | None
-    _leaf: Any
-    _leaf_host: Store | None
-    _placement: jax.sharding.Sharding | None
+    # What the handle stands for: a constant (`_cache.Store`, or its partial kind
+    # `_partial.PartialStore`), or a value a transformation derived from one
+    # (`_derived.Derived`). They answer the same calls, so no method here asks which.
+    _store: Store | Derived
+    # The declared sharding every use gets (`sharding=`, `placed`); None: the
+    # default device, following `jax.default_device`.
+    _sharding: jax.sharding.Sharding | None
 
     def __init__(
         self,
@@ -91,37 +90,25 @@ class FrozenConst(_StaticBase):
         *,
         sharding: Target | None = None,
     ) -> None:
-        placement = None
-        if (
-            isinstance(obj, FrozenConst)
-            and obj._store is not None
-            and (dtype is None or native(as_dtype(dtype)) == obj._store.dtype)
-        ):
-            store = obj._store
+        declared = None
+        if isinstance(obj, FrozenConst):
+            # The same store where the dtype is the same (no copy), else a frozen copy.
+            store = obj._store.with_dtype(dtype)
         elif (
             sharding is not None
             and lazily_sliceable(obj)
-            and not (placement := as_sharding(sharding, np.shape(obj))).is_fully_addressable
+            and not (declared := as_sharding(sharding, np.shape(obj))).is_fully_addressable
         ):
             # A memory-mapped source placed across processes: this process
             # freezes only the slices its devices address.
-            store = from_source(obj, dtype, placement)  # type: ignore[arg-type]
+            store = from_source(obj, dtype, declared)  # type: ignore[arg-type]
         else:
-            what = None
-            if isinstance(obj, FrozenConst):
-                what = "the `FrozenConst` it received"
-                if obj._store is None:
-                    obj = obj._leaf
-                else:
-                    obj = obj._store.whole(f"FrozenConst(x, dtype={dtype!r})")
             # Validated (bad kinds, values the dtype cannot hold, integers JAX
             # would wrap on the device under the current x64 setting), copied once.
-            store = Store(frozen_copy(obj, dtype, what))
-        if sharding is not None and placement is None:
-            placement = _placement_for(store, sharding)
-        elif isinstance(store, PartialStore) and placement is None:
-            placement = store.home
-        self._init(store, None, placement)
+            store = Store(frozen_copy(obj, dtype))
+        if declared is None:
+            declared = store.home if sharding is None else _declare(store, sharding)
+        self._init(store, declared)
 
     @classmethod
     def from_callback(
@@ -144,7 +131,7 @@ class FrozenConst(_StaticBase):
 
         Arguments:
             shape: the global shape.
-            sharding: the constant's declared placement: a `Sharding`, a device, or a
+            sharding: the constant's declared sharding: a `Sharding`, a device, or a
                 `PartitionSpec` under `jax.set_mesh`.
             data_callback: `index -> array`, `index` a tuple of slices.
             dtype: the constant's dtype (required, unlike JAX's: every process must
@@ -168,27 +155,19 @@ class FrozenConst(_StaticBase):
                          [3., 4., 5.]], dtype=float32)
         """
         full = tuple(int(n) for n in shape)
-        placement = as_sharding(sharding, full)
-        handle = object.__new__(cls)
-        handle._init(from_callback(full, placement, data_callback, dtype), None, placement)
-        return handle
+        declared = as_sharding(sharding, full)
+        return cls._of(from_callback(full, declared, data_callback, dtype), declared)
 
-    def _init(self, store: Store | None, leaf: Any, placement: jax.sharding.Sharding | None = None) -> None:
+    def _init(self, store: Store | Derived, sharding: jax.sharding.Sharding | None) -> None:
         self._store = store
-        self._leaf = leaf
-        self._leaf_host = None
-        self._placement = placement
+        self._sharding = sharding
 
     @classmethod
-    def _derived(cls, leaf: Any) -> FrozenConst:
-        # What a transformation hands back when it rebuilds a FrozenConst from a
-        # pytree leaf: a tracer inside `jit`/`grad`/`vmap`, a gradient, a mapped
-        # result, or whatever `tree_map` produced. It keeps the type so that code
-        # written against FrozenConst runs unchanged, but it is not the constant
-        # itself and never claims the original's host data.
-        self = object.__new__(cls)
-        self._init(None, leaf)
-        return self
+    def _of(cls, store: Store | Derived, sharding: jax.sharding.Sharding | None = None) -> FrozenConst:
+        """A handle on `store`, every use of which gets `sharding`: no validation, no copy."""
+        handle = object.__new__(cls)
+        handle._init(store, sharding)
+        return handle
 
     # -- the pytree protocol (registered below the class) ----------------------
 
@@ -198,16 +177,7 @@ class FrozenConst(_StaticBase):
         So jit arguments cost no transfer and never retrace for another constant
         of the same shape and dtype, and transformations keep the type (JEP 28661).
         """
-        # The hot path of every jit call and jax.numpy call that takes a
-        # FrozenConst: `Store.default_array`'s cache hit, inlined.
-        store = self._store
-        if store is not None and self._placement is None and not _hoisting.active:
-            array = store.by_setting.get((_DEFAULT_DEVICE.value, _X64.value))
-            if array is not None and not array.is_deleted():
-                if _ACCOUNTING.enabled:
-                    store.hits += 1
-                return (array,), None
-        return (self.__jax_array__(),), None
+        return (self._store.array(self._sharding),), None
 
     def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, jax.Array]], None]:
         """As `tree_flatten`, with the leaf's key path `.value`."""
@@ -225,10 +195,8 @@ class FrozenConst(_StaticBase):
         (leaf,) = children
         owner = owner_of(leaf)
         if owner is not None:
-            handle = object.__new__(cls)
-            handle._init(owner[0], None, owner[1])
-            return handle
-        return cls._derived(leaf)
+            return cls._of(*owner)
+        return cls._of(Derived(leaf))
 
     # -- the device side -------------------------------------------------------
 
@@ -237,14 +205,7 @@ class FrozenConst(_StaticBase):
 
         While `frozenconst.jit` traces, a parameter of the compiled program (a tracer).
         """
-        store = self._store
-        if store is None:
-            return self._leaf  # type: ignore[no-any-return]
-        if _hoisting.active and _hoisting.scope.frames:
-            return _hoisting.resolve(store, self._placement)
-        if self._placement is not None:
-            return store.placed(self._placement)
-        return store.default_array()
+        return self._store.array(self._sharding)
 
     def on(self, target: Target) -> jax.Array:
         """The constant as a committed `jax.Array` with exactly this placement, cached.
@@ -274,8 +235,8 @@ class FrozenConst(_StaticBase):
             >>> x.on(cpu0).committed
             True
         """
-        store = self._concrete_store("on")
-        return store.placed(as_sharding(target, store.shape))
+        store = self._store.constant("on")
+        return store.array(as_sharding(target, store.shape))
 
     def placed(self, target: Target) -> FrozenConst:
         """A handle on the same constant whose every use gets this placement.
@@ -291,15 +252,13 @@ class FrozenConst(_StaticBase):
             >>> jax.numpy.asarray(x).committed
             True
         """
-        store = self._concrete_store("placed")
-        handle = object.__new__(FrozenConst)
-        handle._init(store, None, _placement_for(store, target))
-        return handle
+        store = self._store.constant("placed")
+        return FrozenConst._of(store, _declare(store, target))
 
     @property
     def sharding_target(self) -> jax.sharding.Sharding | None:
-        """The declared placement (from `sharding=` or `placed`), or None to follow `jax.default_device`."""
-        return self._placement
+        """The declared sharding (from `sharding=` or `placed`), or None to follow `jax.default_device`."""
+        return self._sharding
 
     @property
     def placements(self) -> tuple[Placement, ...]:
@@ -314,16 +273,7 @@ class FrozenConst(_StaticBase):
             >>> dict(placement.device_bytes) == {jax.devices()[0]: 1024}
             True
         """
-        return () if self._store is None else self._store.placements()
-
-    def _concrete_store(self, what: str) -> Store:
-        if self._store is None:
-            raise FrozenConstTypeError(
-                f"`{what}` needs the constant itself, but this FrozenConst is a value derived "
-                f"from one inside a transformation ({self._leaf!r}). Call it on the original, "
-                "outside the transformation."
-            )
-        return self._store
+        return tuple(Placement.of(a) for a in self._store.arrays())
 
     def evict(self, target: Target | None = None) -> None:
         """Drop cached device buffers; the next use transfers again.
@@ -341,8 +291,7 @@ class FrozenConst(_StaticBase):
             >>> jax.numpy.asarray(x) is a
             False
         """
-        if self._store is not None:
-            self._store.evict(None if target is None else as_sharding(target, self._store.shape))
+        self._store.evict(None if target is None else as_sharding(target, self.shape))
 
     @property
     def fingerprint(self) -> str:
@@ -354,9 +303,7 @@ class FrozenConst(_StaticBase):
             >>> FrozenConst(np.arange(3)).fingerprint == FrozenConst([0, 1, 2]).fingerprint
             True
         """
-        if self._store is not None:
-            return self._store.fingerprint
-        return self._host_store().fingerprint
+        return self._store.fingerprint
 
     def stats(self) -> ConstStats:
         """This constant's accounting: host and device bytes, transfers, hits, zero-copy.
@@ -370,31 +317,19 @@ class FrozenConst(_StaticBase):
             >>> s.transfers, s.hits, s.host_bytes
             (1, 1, 64)
         """
-        return const_stats(self._concrete_store("stats"))
-
-    def __frozenconst_source__(self) -> tuple[Store, jax.sharding.Sharding | None]:
-        """Internal: what `frozenconst.jit` passes for this constant (its buffers, its placement)."""
-        return self._concrete_store("frozenconst.jit"), self._placement
+        return const_stats(self._store.constant("stats"))
 
     @property
     def is_concrete(self) -> bool:
         """Whether this is a constant with host data (False for a traced or transformed value)."""
-        return self._store is not None
+        return self._store.concrete
 
     # -- the host side ---------------------------------------------------------
 
     def _host(self, what: str) -> np.ndarray[Any, Any]:
-        store = self._store
-        if store is not None:
-            return store.whole(what)
-        return self._host_store().host
-
-    def _host_store(self) -> Store:
-        if self._leaf_host is None:
-            # A concrete result of a transformation: freeze a copy of it, so no
-            # path hands out memory that JAX or anyone else could still write.
-            self._leaf_host = Store(freeze(to_numpy(self._leaf, None)))
-        return self._leaf_host
+        # A derived value's is a frozen copy of it, made once: no path hands out
+        # memory that JAX or anyone else could still write.
+        return self._store.whole(what)
 
     def __array__(
         self, dtype: DTypeLike | None = None, context: None = None, copy: bool | None = None
@@ -445,17 +380,12 @@ class FrozenConst(_StaticBase):
     @property
     def shape(self) -> tuple[int, ...]:
         """The array's shape."""
-        if self._store is not None:
-            return self._store.shape
-        return tuple(self._leaf.shape)
+        return self._store.shape
 
     @property
     def dtype(self) -> np.dtype[Any]:
         """The dtype of the host data (on device JAX may narrow it: float64 to float32 without x64)."""
-        if self._store is not None:
-            return self._store.dtype
-        leaf_dtype: np.dtype[Any] = np.dtype(self._leaf.dtype)
-        return leaf_dtype
+        return self._store.dtype
 
     @property
     def ndim(self) -> int:
@@ -493,20 +423,7 @@ class FrozenConst(_StaticBase):
         return iter(self.__jax_array__())
 
     def __repr__(self) -> str:
-        if self._store is None:
-            return f"FrozenConst(derived from {self._leaf!r})"
-        if isinstance(self._store, PartialStore):
-            store = self._store
-            return (
-                f"FrozenConst(shape={store.shape}, dtype={store.dtype}, process {jax.process_index()} "
-                f"holds {store.held()}, {human_bytes(store.host_nbytes)})"
-            )
-        host = self._store.host
-        if host.size <= _REPR_MAX_ELEMENTS:
-            body = np.array2string(host, separator=", ", prefix="FrozenConst(")
-            shape = f", shape={host.shape}" if host.size == 0 else ""
-            return f"FrozenConst({body}{shape}, dtype={host.dtype})"
-        return f"FrozenConst(shape={host.shape}, dtype={host.dtype}, nbytes={human_bytes(host.nbytes)})"
+        return self._store.describe()
 
     # -- scalar conversions, as `jax.Array` allows them ------------------------
 
@@ -542,15 +459,15 @@ class FrozenConst(_StaticBase):
         return self
 
     def __reduce__(self) -> tuple[Callable[..., FrozenConst], tuple[Any, ...]]:
-        # The host data, and the declared placement described by device platform
+        # The host data, and the declared sharding described by device platform
         # and id (JAX's devices, and so its shardings, do not pickle). Device
         # buffers are recreated on first use after unpickling, and the unpickled
         # copy is frozen again. The read-only host buffer itself is pickled: the
         # unpickled array is the caller's, and `FrozenConst` copies it.
         host = self._host("pickle.dumps(x)")
-        if self._placement is None:
+        if self._sharding is None:
             return (FrozenConst, (host,))
-        return (_unpickle_placed, (host, _placement_state(self._placement)))
+        return (_unpickle_placed, (host, _sharding_state(self._sharding)))
 
     def __format__(self, format_spec: str) -> str:
         """`format(x, spec)` as `format(jnp.asarray(x), spec)`: `f"{x:.2f}"` formats the values.
@@ -579,12 +496,12 @@ class FrozenConst(_StaticBase):
         return sorted(names - _REFUSED)
 
 
-# -- pickling a declared placement ------------------------------------------------
-# A placement travels as plain values: the kind of sharding, the devices by
+# -- pickling a declared sharding -------------------------------------------------
+# A sharding travels as plain values: the kind of sharding, the devices by
 # platform and id, mesh shape, axis names and types, the PartitionSpec's entries
 # and the memory kind. Unpickling rebuilds it from the devices of that process;
 # where it cannot (no such device, another kind of sharding), it warns once and
-# the constant loads without a placement.
+# the constant loads without one.
 
 
 _partition_spec: Callable[..., PartitionSpec] = PartitionSpec  # untyped constructor
@@ -601,7 +518,7 @@ def _spec_state(spec: PartitionSpec) -> tuple[Any, ...] | None:
     return entries
 
 
-def _placement_state(sharding: jax.sharding.Sharding) -> tuple[Any, ...]:
+def _sharding_state(sharding: jax.sharding.Sharding) -> tuple[Any, ...]:
     """A picklable description of `sharding` (built from ints and strings only)."""
     if isinstance(sharding, SingleDeviceSharding):
         device: Any
@@ -636,7 +553,7 @@ def _find_device(platform: str, device_id: int) -> Any:
     raise LookupError(f"this process has no {platform} device with id {device_id} ({len(devices)} in all)")
 
 
-def _rebuild_placement(state: tuple[Any, ...]) -> jax.sharding.Sharding:
+def _rebuild_sharding(state: tuple[Any, ...]) -> jax.sharding.Sharding:
     if state[0] == "single":
         _, platform, device_id, memory_kind = state
         return SingleDeviceSharding(_find_device(platform, device_id), memory_kind=memory_kind)
@@ -657,11 +574,11 @@ def _rebuild_placement(state: tuple[Any, ...]) -> jax.sharding.Sharding:
 def _unpickle_placed(host: np.ndarray[Any, Any], state: tuple[Any, ...]) -> FrozenConst:
     """Unpickle a constant with its placement, or, where it cannot be rebuilt here, without."""
     try:
-        sharding = as_sharding(_rebuild_placement(state), host.shape)
+        sharding = as_sharding(_rebuild_sharding(state), host.shape)
     except Exception as err:  # any failure to rebuild: JAX raises several kinds
         warnings.warn(
-            f"Unpickled a FrozenConst without its declared placement: {err}. It now follows "
-            "`jax.default_device`; give it a placement with `x.placed(...)`.",
+            f"Unpickled a FrozenConst without its declared sharding: {err}. It now follows "
+            "`jax.default_device`; declare one with `x.placed(...)`.",
             FrozenConstWarning,
             stacklevel=2,
         )
@@ -669,7 +586,8 @@ def _unpickle_placed(host: np.ndarray[Any, Any], state: tuple[Any, ...]) -> Froz
     return FrozenConst(host, sharding=sharding)
 
 
-def _placement_for(store: Store, target: Target) -> jax.sharding.Sharding:
+def _declare(store: Store, target: Target) -> jax.sharding.Sharding:
+    """The sharding `target` names, declared for a constant: checked now against what it holds."""
     sharding = as_sharding(target, store.shape)
     if isinstance(store, PartialStore):
         store.parts(sharding)  # refuses, now, a placement that needs slices not held here
@@ -678,9 +596,12 @@ def _placement_for(store: Store, target: Target) -> jax.sharding.Sharding:
 
 def adopt_host(host: np.ndarray[Any, Any]) -> FrozenConst:
     """A constant over `host`, a buffer `frozen_copy` made: no further copy."""
-    handle = object.__new__(FrozenConst)
-    handle._init(Store(host), None)  # pyright: ignore[reportPrivateUsage] - its own class's initializer
-    return handle
+    return FrozenConst._of(Store(host))  # pyright: ignore[reportPrivateUsage] - its own class's constructor
+
+
+def source_of(x: FrozenConst) -> Source:
+    """What `frozenconst.jit` passes for the constant `x`: its store and declared sharding."""
+    return x._store.constant("frozenconst.jit"), x._sharding  # pyright: ignore[reportPrivateUsage]
 
 
 def _unwrap(value: Any) -> Any:

@@ -30,30 +30,38 @@ The frames are per thread: JAX traces on the calling thread.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import jax
 from jax.sharding import Sharding
 
-from ._cache import Store, next_serial
 from ._compat import current_trace, trace_isolation, warn_degraded
+
+if TYPE_CHECKING:
+    # Only for annotations: the device cache (`_cache.Store.array`) asks this
+    # module what a constant is inside a trace, so it sits below the cache.
+    from ._cache import Store
 
 
 class Rediscover(Exception):
     """Internal: the trace is redone, with the constants it met as parameters, or isolated."""
 
 
-# A constant as frozenconst.jit passes it: its store, and its declared placement
-# (None: the default, or the computation's mesh; see `JitWrapped.__call__`).
-Source: TypeAlias = tuple[Store, Sharding | None]
+# A constant as frozenconst.jit passes it: its store, and its declared sharding
+# (None: the default device, or the computation's mesh; see `_jit.arrays_for`).
+Source: TypeAlias = "tuple[Store, Sharding | None]"
+
+# Constants are numbered in order of creation: a trace takes a number when it
+# starts, and a constant numbered above it was made by that trace.
+_SERIALS = itertools.count(1)
 
 
-def source_array(source: Source) -> jax.Array:
-    """The cached array for `source` outside any trace."""
-    store, placement = source
-    return store.default_array() if placement is None else store.placed(placement)
+def next_serial() -> int:
+    """A number above that of every constant made so far."""
+    return next(_SERIALS)
 
 
 # How a constant used inside a trace nested in a `frozenconst.jit` trace resolves:
@@ -105,10 +113,18 @@ class _Scope(threading.local):
 
 scope = _Scope()
 # How many frozenconst.jit traces are in progress, in all threads. The cache-hit
-# path reads this plain integer and consults the thread-local frames only when
-# it is not zero.
+# path (`_cache.Store.array`) reads this plain integer and consults the
+# thread-local frames only when it is not zero.
 active = 0
 _active_lock = threading.Lock()
+
+
+def tracing() -> bool:
+    """Whether this thread is tracing a function for `frozenconst.jit`.
+
+    The one predicate for it; `_cache.Store.array` inlines it (see there).
+    """
+    return active > 0 and bool(scope.frames)
 
 
 def enter(frame: Frame) -> None:
@@ -127,15 +143,16 @@ def leave() -> None:
         active -= 1
 
 
-def resolve(store: Store, placement: Sharding | None) -> jax.Array:
-    """The value a constant stands for in the innermost `frozenconst.jit` trace."""
+def resolve(store: Store, sharding: Sharding | None) -> jax.Array | None:
+    """The value a constant stands for in this thread's innermost `frozenconst.jit` trace,
+    or None where that is its own device buffer (which `Store.array` then serves)."""
     frame = scope.frames[-1]
-    source = (store, placement)
     if store.serial > frame.serial:
-        return source_array(source)  # made by this trace: one of its own constants
+        return None  # made by this trace: one of its own constants
+    source = (store, sharding)
     if frame.captures(source):
         frame.captured.append(store)
-        return source_array(source)
+        return None
     if current_trace() != frame.trace:
         if source not in frame.nested:
             frame.nested.append(source)
@@ -145,7 +162,7 @@ def resolve(store: Store, placement: Sharding | None) -> jax.Array:
         if frame.inner == BUFFER:
             if not trace_isolation:
                 _warn_embedded_once()
-            return source_array(source)
+            return None
     value = frame.known.get(source)
     if value is not None:
         return value  # type: ignore[no-any-return]
@@ -175,10 +192,3 @@ def placeholder(store: Store) -> jax.Array:
     dtype = jax.dtypes.canonicalize_dtype(store.dtype)
     zeros: jax.Array = jax.lax.full(store.shape, 0, dtype)
     return zeros
-
-
-def array_for(source: Source) -> jax.Array:
-    """A constant's device value here: a trace parameter inside `frozenconst.jit`, else its buffer."""
-    if scope.frames:
-        return resolve(*source)
-    return source_array(source)

@@ -577,3 +577,11 @@ def _checked_copy(
         block = np.array(src[start : start + step])
         check(block)
         np.copyto(target[start : start + step], block, casting="unsafe")
+
+
+def human_bytes(nbytes: int) -> str:
+    """`nbytes` in the largest binary unit up to GiB it reaches: `1.5 KiB`, `512 B`."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"

@@ -24,12 +24,9 @@ from typing import Any, NamedTuple, overload
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import _hoisting
-from ._cache import ACCOUNTING, CACHE_EPOCH, FED, FedArrays, Store
+from ._cache import FED, STATE, FedArrays, Store, setting_key
 from ._compat import (
-    DEFAULT_DEVICE,
     SIMPLIFIED_CONSTANTS,
-    X64,
     on_clear_caches,
     renew_shared_trace_context,
     shared_trace_context,
@@ -40,24 +37,373 @@ from ._compat import (
     warn_degraded,
 )
 from ._errors import FrozenConstWarning
-from ._hoisting import (
-    BUFFER,
-    PARAMETER,
-    STOP,
-    Frame,
-    Rediscover,
-    Source,
-    array_for,
-    enter,
-    leave,
-    scope,
-    source_array,
-)
-from ._placement import mesh_of
+from ._frozen import FrozenConst, source_of
+from ._hoisting import BUFFER, PARAMETER, STOP, Frame, Rediscover, Source, enter, leave, tracing
+from ._targets import mesh_of
 
-# A trace meets at most this many new constants per retrace round; each round
-# adds all constants it met, so this bounds pathological code only.
+# Under JAX's default constant pipeline, a FrozenConst of at most this many
+# bytes is captured as its device buffer, which JAX embeds in the program, as
+# `jax.jit` embeds a closed-over array: an executable parameter costs about
+# 0.4 us per call (jax 0.10.2 and 0.12.0.1, CPU), so a function holding
+# hundreds of small tables would pay more per call than their bytes are worth.
+# `frozenconst.audit` gives no advice below the same size.
+EMBED_MAX_BYTES = 1024
+
+# A call meets at most this many rounds of new constants; each round adds all
+# constants it met, so this bounds pathological code only.
 _MAX_ROUNDS = 64
+
+_NOTHING: tuple[jax.Array, ...] = ()
+
+
+class JitWrapped:
+    """A function compiled by [`frozenconst.jit`][frozenconst.jit]. Call it like the original.
+
+    What it holds: the user's function; `_jitted`, `jax.jit` of that function
+    with one parameter put first, the tuple of constants (`_make_traced`); and
+    `_constants`, what it knows of its constants: for each static configuration
+    a `_Group`, the constants that are parameters there, in order.
+
+    What one call does (`__call__`): find the call's group, take each of its
+    constants' cached device buffers (`arrays_for`), and call `_jitted` with them
+    in front of the arguments.
+
+    How a newly met constant gets in: the trace that meets it lets it stand in
+    as zeros (`_hoisting.resolve`) and notes it; at the end of the trace
+    `Rediscover` is raised through `jax.jit`, so JAX caches nothing of that
+    trace; the constant joins the group, and the call is made again
+    (`_again`). A constant JAX takes as a closed-over buffer (`_Constants.captures`)
+    never joins: the trace uses its buffer as `jax.jit` would.
+    """
+
+    def __init__(self, fun: Callable[..., Any], jit_kwargs: dict[str, Any]) -> None:
+        self._fun = fun
+        embed_max_bytes = jit_kwargs.pop("embed_max_bytes", EMBED_MAX_BYTES)
+        if isinstance(embed_max_bytes, bool) or not isinstance(embed_max_bytes, int) or embed_max_bytes < 0:
+            raise TypeError(
+                "frozenconst.jit's `embed_max_bytes` takes a non-negative int (bytes), but received "
+                f"{embed_max_bytes!r}. Pass 0 to pass every FrozenConst as a parameter."
+            )
+        self._donated = _Argnums.of(fun, jit_kwargs, "donate")
+        # A function that donates arguments takes its constants as parameters
+        # under the simplified pipeline too: a constant also passed as a donated
+        # argument is then fed a copy (`_not_donated`), where some JAX versions
+        # refuse a captured buffer donated in the same call (jax 0.9.2).
+        capture_max = embed_max_bytes
+        if SIMPLIFIED_CONSTANTS:
+            capture_max = sys.maxsize if self._donated is None else -1
+        self._constants = _Constants(fun, _Argnums.of(fun, jit_kwargs, "static"), capture_max)
+        # Whether a call donated a buffer also fed as a constant (then every
+        # call checks, and feeds a copy of such a constant instead).
+        self._donation_clash = False
+        kwargs = dict(jit_kwargs)
+        for name in ("static_argnums", "donate_argnums"):
+            if name in kwargs:
+                kwargs[name] = _shift(kwargs[name])
+        in_shardings = kwargs.get("in_shardings")
+        if isinstance(in_shardings, (tuple, list)):
+            kwargs["in_shardings"] = (None, *in_shardings)
+        self._jit_kwargs = kwargs
+        self._jitted = jax.jit(_make_traced(fun, self._constants), **kwargs)
+        self._constants.renew = weakref.WeakMethod(self._renew)
+        functools.update_wrapper(self, fun)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        group = self._constants.single or self._constants.group(args, kwargs)
+        consts = group.arrays(args, kwargs) if group.sources else _NOTHING
+        if self._donation_clash:
+            consts = self._not_donated(consts, args, kwargs)
+        try:
+            return self._jitted(consts, *args, **kwargs)
+        except Rediscover:
+            return self._again(lambda _, c: self._jitted(c, *args, **kwargs), args, kwargs)
+        except RuntimeError as err:
+            # XLA refuses a call before running it when a fed buffer was deleted
+            # since (donated elsewhere) or is donated by this very call: feed
+            # afresh, or a copy. Any other RuntimeError is the caller's.
+            return self._jitted(self._refed(consts, err, group, args, kwargs), *args, **kwargs)
+
+    def _again(self, step: Callable[[_Group, tuple[jax.Array, ...]], Any], args: Any, kwargs: Any) -> Any:
+        """`step(group, arrays)` with the call's group and its arrays, until no trace meets a new constant."""
+        for _ in range(_MAX_ROUNDS):
+            group = self._constants.group(args, kwargs)
+            try:
+                return step(group, group.arrays(args, kwargs))
+            except Rediscover:
+                continue
+        raise RuntimeError(
+            f"frozenconst.jit traced {_MAX_ROUNDS} times and met FrozenConsts it did not know each "
+            "time. This happens when `jax.clear_caches()` runs again and again during the call "
+            "(each clears what the traces learned); otherwise it is a bug, please report it."
+        )
+
+    def _refed(
+        self, consts: tuple[jax.Array, ...], err: RuntimeError, group: _Group, args: Any, kwargs: Any
+    ) -> tuple[jax.Array, ...]:
+        """The arrays to call again with after XLA refused `consts`; re-raises `err` if that is not why."""
+        deleted = any(a.is_deleted() for a in consts)
+        if deleted:
+            group.forget()
+            consts = group.arrays(args, kwargs)
+        unclashed = self._not_donated(consts, args, kwargs)
+        if unclashed is not consts:
+            self._donation_clash = True
+        elif not deleted:
+            raise err
+        return unclashed
+
+    def _not_donated(self, consts: tuple[jax.Array, ...], args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
+        """`consts`, with a copy of each that this call also donates (`consts` itself if none)."""
+        if self._donated is None:
+            return consts
+        donated = {id(leaf) for leaf in jax.tree_util.tree_leaves(self._donated.pick(args, kwargs))}
+        if not any(id(c) in donated for c in consts):
+            return consts
+        # What jax.jit does with such a constant: the program reads a copy of
+        # the data (embedded, or hoisted), never the donated buffer.
+        return tuple(
+            jax.device_put(c, c.sharding if c.committed else None, may_alias=False) if id(c) in donated else c
+            for c in consts
+        )
+
+    def _renew(self) -> None:
+        # A new traced function: JAX's caches of the old one (and the device
+        # buffers they captured) go with it.
+        self._jitted = jax.jit(_make_traced(self._fun, self._constants), **self._jit_kwargs)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
+        """Like `jax.jit(f).lower`: the constants are parameters of the lowered program."""
+        lowered: Lowered = self._again(
+            lambda g, c: Lowered(self._jitted.lower(c, *args, **kwargs), g.sources[: len(c)]),
+            args,
+            kwargs,
+        )
+        return lowered
+
+    def trace(self, *args: Any, **kwargs: Any) -> Traced:
+        """Like `jax.jit(f).trace`: the constants are parameters of the traced program."""
+        traced: Traced = self._again(
+            lambda g, c: Traced(self._jitted.trace(c, *args, **kwargs), g.sources[: len(c)]),
+            args,
+            kwargs,
+        )
+        return traced
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """Like `jax.jit(f).eval_shape`: the output's shapes and dtypes, computing nothing."""
+        return jax.eval_shape(self, *args, **kwargs)
+
+    def clear_cache(self) -> None:
+        """Like `jax.jit(f).clear_cache`: drop the compiled executables (the constants stay known)."""
+        # Public on every supported jax.jit function, missing from jax 0.10's stubs.
+        self._jitted.clear_cache()  # type: ignore[attr-defined,unused-ignore]
+
+    @property
+    def constants(self) -> int:
+        """How many FrozenConsts this function passes as parameters, over its static configurations."""
+        seen: list[Source] = []
+        for group in list(self._constants.groups.values()):
+            seen.extend(s for s in group.sources if s not in seen)
+        return len(seen)
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        return functools.partial(self, instance)
+
+
+# -- the constants, per static configuration ------------------------------------
+
+
+class _Group(FedArrays):
+    """The constants met by the traces of one static configuration, and the arrays fed last.
+
+    Each constant is a parameter of those traces, in this order. The list only
+    grows, so a trace in progress in another thread still finds its prefix.
+    """
+
+    __slots__ = ("fed", "lock", "reusable", "sources")
+
+    def __init__(self, sources: list[Source]) -> None:
+        self.sources: list[Source] = []
+        self.lock = threading.Lock()
+        # Whether the arrays fed can be fed again while the settings and the
+        # device caches stay the same (not where a mesh is followed, which
+        # depends on the arguments).
+        self.reusable = True
+        # The arrays fed last, kept for the next call where `reusable`.
+        self.fed: _Fed | None = None
+        if sources:
+            self.add(sources)
+
+    def add(self, pending: list[Source]) -> None:
+        """Make `pending` parameters of the traces to come."""
+        with self.lock:
+            self.sources.extend(s for s in pending if s not in self.sources)
+            self.reusable = not _multi_device() or all(p is not None for _, p in self.sources)
+            self.fed = None
+
+    def arrays(self, args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
+        """The arrays to pass for this group's constants in a call with these arguments.
+
+        The arrays fed last are fed again while no device buffer was made or
+        evicted since (`STATE.epoch`) and the settings are the same: one check
+        instead of a `Store.array` hit per constant (measured with 100 constants
+        of 4 KiB on jax 0.10.2, CPU: X us a call against Y us).
+        """
+        fed, key = self.fed, setting_key(None)
+        if fed is not None and fed.epoch == STATE.epoch and fed.key == key and not tracing():
+            if STATE.accounting:
+                for store, _ in self.sources:
+                    store.hits += 1
+            return fed.arrays
+        epoch = STATE.epoch
+        arrays = arrays_for(self.sources, args, kwargs)
+        if self.reusable and not tracing():
+            self.fed = _Fed(arrays, key, epoch)
+            FED.add(self)
+        return arrays
+
+    def forget(self, store: Store | None = None) -> None:
+        """Drop the arrays fed last (an eviction, or the end of this group)."""
+        self.fed = None
+
+
+class _Fed(NamedTuple):
+    """The arrays a `_Group` fed last, and the settings and device caches they were fed under."""
+
+    arrays: tuple[jax.Array, ...]
+    key: Any
+    epoch: int
+
+
+def arrays_for(sources: Sequence[Source], args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
+    """The arrays to pass for `sources` in a call with these arguments (inside another
+    `frozenconst.jit` trace: its parameters, through `Store.array`)."""
+    if _multi_device() and any(p is None for _, p in sources) and not tracing():
+        # A constant with no declared sharding follows the computation's mesh,
+        # replicated: passing a single-device buffer into a sharded computation
+        # would make JAX move it on every call.
+        mesh = mesh_of((args, kwargs))
+        if mesh is not None:
+            replicated = NamedSharding(mesh, _REPLICATED)
+            return tuple([store.array(replicated if p is None else p) for store, p in sources])
+    return tuple([store.array(p) for store, p in sources])
+
+
+# PartitionSpec's constructor is unannotated in jax 0.10.
+_REPLICATED: PartitionSpec = PartitionSpec()  # type: ignore[no-untyped-call,unused-ignore]
+
+
+@functools.cache
+def _multi_device() -> bool:
+    return jax.device_count() > 1
+
+
+# The group of calls whose static arguments cannot be hashed (`jax.jit` refuses
+# them with its own error, which the call then raises).
+_UNHASHABLE = object()
+
+
+class _Constants(FedArrays):
+    """What a `frozenconst.jit` function knows of its constants: a `_Group` per static configuration.
+
+    Shared by the wrapper (which feeds the constants) and its traced function
+    (which meets them), without the traced function holding the wrapper.
+    `jax.clear_caches()` empties it, as it empties `jax.jit`'s executables, so
+    a constant reached only through a static argument is freed with them.
+    """
+
+    def __init__(self, fun: Callable[..., Any], static: _Argnums | None, capture_max: int) -> None:
+        self._fun = fun
+        self._lock = threading.Lock()
+        self.static = static
+        self.capture_max = capture_max
+        # Stores whose buffers a trace captured: JAX's caches of this function
+        # hold them, so evicting one of them renews the function (`forget`).
+        self.captured: weakref.WeakSet[Store] = weakref.WeakSet()
+        # The wrapper's `_renew`, held weakly (the wrapper holds this object).
+        self.renew: weakref.WeakMethod[Callable[[], None]] | None = None
+        self.groups: dict[Any, _Group] = {}
+        # The group of a function without static arguments, read by every call.
+        self.single: _Group | None = None
+        # How a constant used inside a nested trace resolves (see `_hoisting`):
+        # first `STOP` (the trace is redone isolated), then `PARAMETER`, and
+        # `BUFFER` where JAX refused the program with the parameter.
+        self.inner = STOP if trace_isolation else BUFFER
+        # Why JAX refused the program with a parameter in a nested trace, until warned.
+        self.refusal: Exception | None = None
+        if not on_clear_caches(self, "frozenconst.jit constants"):
+            warn_degraded(
+                "`jax.clear_caches()` cannot reach frozenconst.jit's constants on this JAX, so a "
+                "constant reached only through a static argument lives as long as the function."
+            )
+        if not trace_identity:
+            warn_degraded(
+                "frozenconst.jit cannot tell which trace is active on this JAX (no "
+                "`get_opaque_trace_state`), so it traces every function twice, the second time "
+                "isolated. Results are correct."
+            )
+        if static is None:
+            self.group((), {})  # the visible constants, before any trace
+
+    def group(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Group:
+        """The group for a call with these arguments (made on first need)."""
+        key = () if self.static is None else self.static.pick(args, kwargs)
+        try:
+            found = self.groups.get(key)
+        except TypeError:
+            key, found = _UNHASHABLE, self.groups.get(_UNHASHABLE)
+        if found is None:
+            with self._lock:
+                found = self.groups.get(key)
+                if found is None:
+                    # Constants visible without tracing (closed over, or module
+                    # globals the code names) are parameters from the first
+                    # trace on, which saves that trace's redo; anything else is
+                    # found by tracing.
+                    visible = _visible_constants(self._fun)
+                    found = self.groups[key] = _Group([s for s in visible if not self.captures(s)])
+                    if self.static is None:
+                        self.single = found
+        return found
+
+    def cache_clear(self) -> None:
+        """Forget every group (called by `jax.clear_caches()`)."""
+        with self._lock:
+            for group in self.groups.values():
+                group.forget()
+            self.groups.clear()
+            self.single = None
+
+    def captures(self, source: Source) -> bool:
+        """Whether a trace takes this constant's device buffer, as `jax.jit` takes a closed-over
+        array, rather than making it a parameter (see `EMBED_MAX_BYTES`, `SIMPLIFIED_CONSTANTS`)."""
+        store, sharding = source
+        if math.prod(store.shape) * store.dtype.itemsize > self.capture_max:
+            return False
+        if sharding is not None:
+            # JAX refuses to close over an array that spans other processes.
+            return bool(sharding.is_fully_addressable)
+        # Under the simplified pipeline JAX passes a captured buffer as it is: one
+        # without a declared sharding must still follow a multi-device
+        # computation's mesh (`arrays_for`), so it stays a parameter there.
+        return not SIMPLIFIED_CONSTANTS or not _multi_device()
+
+    def forget(self, store: Store | None = None) -> None:
+        """An eviction: drop what JAX compiled with `store`'s buffers captured."""
+        if store is None or store in self.captured:
+            self.captured.clear()
+            renew = None if self.renew is None else self.renew()
+            if renew is not None:
+                renew()
+
+    def cache_info(self) -> int:
+        """How many static configurations are known (for JAX's cache listings)."""
+        return len(self.groups)
+
+
+# -- finding constants, and the arguments jax.jit is told about -------------------
 
 
 def _shift(argnums: int | Sequence[int] | None) -> int | tuple[int, ...] | None:
@@ -71,35 +417,8 @@ def _shift(argnums: int | Sequence[int] | None) -> int | tuple[int, ...] | None:
     return tuple(i + 1 if i >= 0 else i for i in argnums)
 
 
-def _feed(sources: Sequence[Source], args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
-    """The arrays to pass for `sources` in a call with these arguments."""
-    if _hoisting.active and scope.frames:
-        # Called while another frozenconst.jit traces: its parameters.
-        return tuple([array_for(s) for s in sources])
-    if _multi_device() and any(p is None for _, p in sources):
-        # A constant with no declared placement follows the computation's mesh,
-        # replicated: passing a single-device buffer into a sharded computation
-        # would make JAX move it on every call.
-        mesh = mesh_of((args, kwargs))
-        if mesh is not None:
-            replicated = NamedSharding(mesh, _REPLICATED)
-            return tuple([st.placed(replicated) if p is None else st.placed(p) for st, p in sources])
-    return tuple([source_array(s) for s in sources])
-
-
-# PartitionSpec's constructor is unannotated in jax 0.10.
-_REPLICATED: PartitionSpec = PartitionSpec()  # type: ignore[no-untyped-call,unused-ignore]
-
-
-@functools.cache
-def _multi_device() -> bool:
-    return jax.device_count() > 1
-
-
 def _visible_constants(fun: Callable[..., Any]) -> list[Source]:
     """The FrozenConsts `fun` closes over or names as globals (nested code included)."""
-    from ._frozen import FrozenConst
-
     target: Any = inspect.unwrap(fun)
     code = getattr(target, "__code__", None)
     if code is None:
@@ -118,7 +437,7 @@ def _visible_constants(fun: Callable[..., Any]) -> list[Source]:
     found: list[Source] = []
     for value in values:
         if isinstance(value, FrozenConst) and value.is_concrete:
-            source = value.__frozenconst_source__()
+            source = source_of(value)
             if source not in found:
                 found.append(source)
     return found
@@ -130,59 +449,6 @@ def _filled(cell: Any) -> bool:
     except ValueError:
         return False
     return True
-
-
-class _Group(FedArrays):
-    """The constants met by the traces of one static configuration, and the arrays fed last.
-
-    Each constant is a parameter of those traces, in this order. The list only
-    grows, so a trace in progress in another thread still finds its prefix.
-    """
-
-    __slots__ = ("fast", "fed", "fed_device", "fed_epoch", "fed_stores", "fed_x64", "lock", "sources")
-
-    def __init__(self, sources: list[Source]) -> None:
-        self.sources: list[Source] = []
-        self.lock = threading.Lock()
-        # The stores fed their default buffers (None: some are fed otherwise).
-        self.fast: list[Store] | None = []
-        # The arrays fed last (None: feed afresh), the settings they were fed
-        # under, and their stores (whose hits a reuse counts).
-        self.fed: tuple[jax.Array, ...] | None = None
-        self.fed_device: Any = None
-        self.fed_x64: Any = None
-        self.fed_epoch = -1
-        self.fed_stores: tuple[Store, ...] = ()
-        if sources:
-            self.add(sources)
-
-    def add(self, pending: list[Source]) -> None:
-        """Make `pending` parameters of the traces to come."""
-        with self.lock:
-            self.sources.extend(s for s in pending if s not in self.sources)
-            # Every constant is fed its default buffer when none declares a
-            # placement and, with one device, there is no mesh to follow.
-            if all(p is None for _, p in self.sources) and not _multi_device():
-                self.fast = [store for store, _ in self.sources]
-            else:
-                self.fast = None
-            self.fed = None
-
-    def feed(self, args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
-        """The arrays to pass for a call with these arguments, kept for the next call where reusable."""
-        device, x64, epoch = DEFAULT_DEVICE.value, X64.value, CACHE_EPOCH.value
-        consts = _feed(self.sources, args, kwargs)
-        fast = self.fast
-        if fast is not None and len(fast) == len(consts) and not _hoisting.active:
-            self.fed_device, self.fed_x64, self.fed_epoch = device, x64, epoch
-            self.fed_stores = tuple(fast)
-            self.fed = consts
-            FED.add(self)
-        return consts
-
-    def forget(self, store: Store | None = None) -> None:
-        """Drop the arrays fed last (an eviction, or the end of this group)."""
-        self.fed = None
 
 
 class _Argnums(NamedTuple):
@@ -237,273 +503,7 @@ def _getter(indices: tuple[int, ...]) -> Callable[[tuple[Any, ...]], tuple[Any, 
     return (lambda args: (get(args),)) if len(indices) == 1 else get
 
 
-# Under JAX's default constant pipeline, a FrozenConst of at most this many
-# bytes is captured as its device buffer, which JAX embeds in the program, as
-# `jax.jit` embeds a closed-over array: an executable parameter costs about
-# 0.4 us per call (jax 0.10.2 and 0.12.0.1, CPU), so a function holding
-# hundreds of small tables would pay more per call than their bytes are worth.
-# The same size below which `frozenconst.audit` gives no advice.
-EMBED_MAX_BYTES = 1024
-
-_NOTHING: tuple[jax.Array, ...] = ()
-
-# The group of calls whose static arguments cannot be hashed (`jax.jit` refuses
-# them with its own error, which the call then raises).
-_UNHASHABLE = object()
-
-
-class _Constants(FedArrays):
-    """What a `frozenconst.jit` function knows of its constants: a `_Group` per static configuration.
-
-    Shared by the wrapper (which feeds the constants) and its traced function
-    (which meets them), without the traced function holding the wrapper.
-    `jax.clear_caches()` empties it, as it empties `jax.jit`'s executables, so
-    a constant reached only through a static argument is freed with them.
-    """
-
-    def __init__(self, fun: Callable[..., Any], static: _Argnums | None, capture_max: int) -> None:
-        self._fun = fun
-        self._lock = threading.Lock()
-        self.static = static
-        self.capture_max = capture_max
-        # Stores whose buffers a trace captured: JAX's caches of this function
-        # hold them, so evicting one of them renews the function (`forget`).
-        self.captured: weakref.WeakSet[Store] = weakref.WeakSet()
-        # The wrapper's `_renew`, held weakly (the wrapper holds this object).
-        self.renew: weakref.WeakMethod[Callable[[], None]] | None = None
-        self.groups: dict[Any, _Group] = {}
-        # The group of a function without static arguments, read by every call.
-        self.single: _Group | None = None
-        # How a constant used inside a nested trace resolves (see `_hoisting`):
-        # first `STOP` (the trace is redone isolated), then `PARAMETER`, and
-        # `BUFFER` where JAX refused the program with the parameter.
-        self.inner = STOP if trace_isolation else BUFFER
-        # Why JAX refused the program with a parameter in a nested trace, until warned.
-        self.refusal: Exception | None = None
-        if not on_clear_caches(self, "frozenconst.jit constants"):
-            warn_degraded(
-                "`jax.clear_caches()` cannot reach frozenconst.jit's constants on this JAX, so a "
-                "constant reached only through a static argument lives as long as the function."
-            )
-        if not trace_identity:
-            warn_degraded(
-                "frozenconst.jit cannot tell which trace is active on this JAX (no "
-                "`get_opaque_trace_state`), so it traces every function twice, the second time "
-                "isolated. Results are correct."
-            )
-
-    def group(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Group:
-        """The group for a call with these arguments (made on first need)."""
-        key = () if self.static is None else self.static.pick(args, kwargs)
-        try:
-            found = self.groups.get(key)
-        except TypeError:
-            key, found = _UNHASHABLE, self.groups.get(_UNHASHABLE)
-        if found is None:
-            with self._lock:
-                found = self.groups.get(key)
-                if found is None:
-                    # Constants visible without tracing (closed over, or module
-                    # globals the code names) are parameters from the first
-                    # trace on, which saves that trace's redo; anything else is
-                    # found by tracing.
-                    visible = _visible_constants(self._fun)
-                    found = self.groups[key] = _Group([s for s in visible if not self.captures(s)])
-                    if self.static is None:
-                        self.single = found
-        return found
-
-    def cache_clear(self) -> None:
-        """Forget every group (called by `jax.clear_caches()`)."""
-        with self._lock:
-            for group in self.groups.values():
-                group.forget()
-            self.groups.clear()
-            self.single = None
-
-    def captures(self, source: Source) -> bool:
-        """Whether a trace takes this constant's device buffer, as `jax.jit` takes a closed-over
-        array, rather than making it a parameter (see `EMBED_MAX_BYTES`, `SIMPLIFIED_CONSTANTS`)."""
-        store, placement = source
-        if math.prod(store.shape) * store.dtype.itemsize > self.capture_max:
-            return False
-        if placement is not None:
-            # JAX refuses to close over an array that spans other processes.
-            return bool(placement.is_fully_addressable)
-        # Under the simplified pipeline JAX passes a captured buffer as it is: one
-        # without a declared placement must still follow a multi-device
-        # computation's mesh (`_feed`), so it stays a parameter there.
-        return not SIMPLIFIED_CONSTANTS or not _multi_device()
-
-    def forget(self, store: Store | None = None) -> None:
-        """An eviction: drop what JAX compiled with `store`'s buffers captured."""
-        if store is None or store in self.captured:
-            self.captured.clear()
-            renew = None if self.renew is None else self.renew()
-            if renew is not None:
-                renew()
-
-    def cache_info(self) -> int:
-        """How many static configurations are known (for JAX's cache listings)."""
-        return len(self.groups)
-
-
-class JitWrapped:
-    """A function compiled by [`frozenconst.jit`][frozenconst.jit]. Call it like the original."""
-
-    def __init__(self, fun: Callable[..., Any], jit_kwargs: dict[str, Any]) -> None:
-        self._fun = fun
-        embed_max_bytes = jit_kwargs.pop("embed_max_bytes", EMBED_MAX_BYTES)
-        if isinstance(embed_max_bytes, bool) or not isinstance(embed_max_bytes, int) or embed_max_bytes < 0:
-            raise TypeError(
-                "frozenconst.jit's `embed_max_bytes` takes a non-negative int (bytes), but received "
-                f"{embed_max_bytes!r}. Pass 0 to pass every FrozenConst as a parameter."
-            )
-        donated = _Argnums.of(fun, jit_kwargs, "donate")
-        # A function that donates arguments takes its constants as parameters
-        # under the simplified pipeline too: a constant also passed as a donated
-        # argument is then fed a copy (`_not_donated`), where some JAX versions
-        # refuse a captured buffer donated in the same call (jax 0.9.2).
-        capture_max = embed_max_bytes
-        if SIMPLIFIED_CONSTANTS:
-            capture_max = sys.maxsize if donated is None else -1
-        self._constants = _Constants(fun, _Argnums.of(fun, jit_kwargs, "static"), capture_max)
-        self._donated = donated
-        # Whether a call donated a buffer also fed as a constant (then every
-        # call checks, and feeds a copy of such a constant instead).
-        self._donation_clash = False
-        if self._constants.static is None:
-            self._constants.group((), {})  # the visible constants, before any trace
-        kwargs = dict(jit_kwargs)
-        for name in ("static_argnums", "donate_argnums"):
-            if name in kwargs:
-                kwargs[name] = _shift(kwargs[name])
-        in_shardings = kwargs.get("in_shardings")
-        if isinstance(in_shardings, (tuple, list)):
-            kwargs["in_shardings"] = (None, *in_shardings)
-        self._jit_kwargs = kwargs
-        self._jitted = jax.jit(_make_traced(fun, self._constants), **kwargs)
-        self._constants.renew = weakref.WeakMethod(self._renew)
-        functools.update_wrapper(self, fun)
-
-    def _renew(self) -> None:
-        # A new traced function: JAX's caches of the old one (and the device
-        # buffers they captured) go with it.
-        self._jitted = jax.jit(_make_traced(self._fun, self._constants), **self._jit_kwargs)
-
-    def _retrying(self, step: Callable[[_Group, tuple[jax.Array, ...]], Any], args: Any, kwargs: Any) -> Any:
-        for _ in range(_MAX_ROUNDS):
-            group = self._constants.group(args, kwargs)
-            try:
-                return step(group, group.feed(args, kwargs))
-            except Rediscover:
-                continue
-        raise RuntimeError(
-            f"frozenconst.jit traced {_MAX_ROUNDS} times and met FrozenConsts it did not know each "
-            "time. This happens when `jax.clear_caches()` runs again and again during the call "
-            "(each clears what the traces learned); otherwise it is a bug, please report it."
-        )
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # The hot path: the arrays fed last time for this static configuration,
-        # while no device cache changed (`CACHE_EPOCH`) and the default device
-        # and x64 setting are the same. A buffer deleted since (donated
-        # elsewhere) makes the call fail before it runs; it is then fed afresh.
-        constants = self._constants
-        group = constants.single or constants.group(args, kwargs)
-        if not group.sources:
-            # Nothing to feed: every constant captured (or none met yet).
-            try:
-                return self._jitted(_NOTHING, *args, **kwargs)
-            except Rediscover:
-                return self._retrying(lambda _, c: self._jitted(c, *args, **kwargs), args, kwargs)
-        consts = group.fed
-        if (
-            consts is not None
-            and CACHE_EPOCH.value == group.fed_epoch
-            and DEFAULT_DEVICE.value is group.fed_device
-            and X64.value is group.fed_x64
-            and not _hoisting.active
-        ):
-            if ACCOUNTING.enabled:
-                for store in group.fed_stores:
-                    store.hits += 1
-        else:
-            consts = group.feed(args, kwargs)
-        if self._donation_clash:
-            consts = self._not_donated(consts, args, kwargs)
-        try:
-            return self._jitted(consts, *args, **kwargs)
-        except Rediscover:
-            return self._retrying(lambda _, c: self._jitted(c, *args, **kwargs), args, kwargs)
-        except RuntimeError:
-            # XLA refuses a call before running it when a fed buffer was
-            # deleted since (donated elsewhere), or is donated by this very call.
-            refed = any(a.is_deleted() for a in consts)
-            if refed:
-                group.forget()
-                consts = group.feed(args, kwargs)
-            unclashed = self._not_donated(consts, args, kwargs)
-            if unclashed is not consts:
-                self._donation_clash = True
-            elif not refed:
-                raise
-            return self._jitted(unclashed, *args, **kwargs)
-
-    def _not_donated(self, consts: tuple[jax.Array, ...], args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
-        """`consts`, with a copy of each that this call also donates (`consts` itself if none)."""
-        if self._donated is None:
-            return consts
-        donated = {id(leaf) for leaf in jax.tree_util.tree_leaves(self._donated.pick(args, kwargs))}
-        if not any(id(c) in donated for c in consts):
-            return consts
-        # What jax.jit does with such a constant: the program reads a copy of
-        # the data (embedded, or hoisted), never the donated buffer.
-        return tuple(
-            jax.device_put(c, c.sharding if c.committed else None, may_alias=False) if id(c) in donated else c
-            for c in consts
-        )
-
-    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
-        """Like `jax.jit(f).lower`: the constants are parameters of the lowered program."""
-        lowered: Lowered = self._retrying(
-            lambda g, c: Lowered(self._jitted.lower(c, *args, **kwargs), g.sources[: len(c)]),
-            args,
-            kwargs,
-        )
-        return lowered
-
-    def trace(self, *args: Any, **kwargs: Any) -> Traced:
-        """Like `jax.jit(f).trace`: the constants are parameters of the traced program."""
-        traced: Traced = self._retrying(
-            lambda g, c: Traced(self._jitted.trace(c, *args, **kwargs), g.sources[: len(c)]),
-            args,
-            kwargs,
-        )
-        return traced
-
-    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
-        """Like `jax.jit(f).eval_shape`: the output's shapes and dtypes, computing nothing."""
-        return jax.eval_shape(self, *args, **kwargs)
-
-    @property
-    def constants(self) -> int:
-        """How many FrozenConsts this function passes as parameters, over its static configurations."""
-        seen: list[Source] = []
-        for group in list(self._constants.groups.values()):
-            seen.extend(s for s in group.sources if s not in seen)
-        return len(seen)
-
-    def __get__(self, instance: Any, owner: Any = None) -> Any:
-        if instance is None:
-            return self
-        return functools.partial(self, instance)
-
-    def __getattr__(self, name: str) -> Any:
-        # `_cache_size`, `clear_cache`, `eval_shape`, ... of the underlying jax.jit.
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self._jitted, name)
+# -- the traced function, and jax's stage objects with the constants bound -------
 
 
 def _warn_refused(sources: list[Source], err: Exception) -> None:
@@ -589,8 +589,9 @@ class _Stage:
         self._sources = list(sources)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
+        # The stage's public attributes (`jaxpr`, `cost_analysis`, `out_info`, ...).
+        if name.startswith("_"):
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
         return getattr(self._stage, name)
 
 
@@ -619,7 +620,7 @@ class Compiled(_Stage):
     """`jax.stages.Compiled`, called with the original arguments."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._stage(_feed(self._sources, args, kwargs), *args, **kwargs)
+        return self._stage(arrays_for(self._sources, args, kwargs), *args, **kwargs)
 
 
 @overload

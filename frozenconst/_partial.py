@@ -25,7 +25,17 @@ from numpy.typing import DTypeLike
 from ._cache import Store
 from ._compat import Device
 from ._errors import FrozenConstValueError, NotAddressableError
-from ._host import as_dtype, check_dtype, check_narrowing, freeze, freeze_parts, frozen_copy, native, to_numpy
+from ._host import (
+    as_dtype,
+    check_dtype,
+    check_narrowing,
+    freeze,
+    freeze_parts,
+    frozen_copy,
+    human_bytes,
+    native,
+    to_numpy,
+)
 
 # An index as (start, stop) per axis: hashable, and the same for equal slices
 # however JAX spelled them (`slice(None)` or `slice(0, n)`).
@@ -78,7 +88,7 @@ class PartialStore(Store):
         source: where the data came from, in words, for messages.
     """
 
-    __slots__ = ("home", "slices", "source")
+    __slots__ = ("_home", "slices", "source")
 
     partial = True
 
@@ -90,10 +100,15 @@ class PartialStore(Store):
         slices: dict[Key, np.ndarray[Any, Any]],
         source: str,
     ) -> None:
-        self.home = home
+        self._home = home
         self.slices = slices
         self.source = source
         self._setup(shape, dtype)
+
+    @property
+    def home(self) -> Sharding:
+        """The declared sharding, which every use gets."""
+        return self._home
 
     # -- the host side: slices only ---------------------------------------------
 
@@ -116,6 +131,13 @@ class PartialStore(Store):
         """The slices held, in words."""
         return ", ".join(describe(k, self.shape) for k in self.slices)
 
+    def describe(self) -> str:
+        """The constant's `repr`: what this process holds."""
+        return (
+            f"FrozenConst(shape={self.shape}, dtype={self.dtype}, process {jax.process_index()} "
+            f"holds {self.held()}, {human_bytes(self.host_nbytes)})"
+        )
+
     def _not_whole(self, what: str) -> NotAddressableError:
         extra = ""
         if what == "x.fingerprint":
@@ -135,10 +157,6 @@ class PartialStore(Store):
         )
 
     # -- the device side ---------------------------------------------------------
-
-    def default_array(self) -> jax.Array:
-        """A partial constant has no single-device buffer: its array with the declared sharding."""
-        return self.placed(self.home)
 
     def parts(self, sharding: Sharding) -> dict[Device, np.ndarray[Any, Any]]:
         """The host data for each of this process's devices under `sharding`: a held
@@ -174,7 +192,9 @@ class PartialStore(Store):
                 return view
         return None
 
-    def _build(self, sharding: Sharding, dtype: np.dtype[Any]) -> jax.Array:
+    def _transfer(self, sharding: Sharding | None, dtype: np.dtype[Any]) -> jax.Array:
+        # `Store._fill` gives a use without a sharding the declared one, `home`.
+        sharding = self.home if sharding is None else sharding
         parts = self.parts(sharding)
         convert = self.dtype != dtype
         arrays = []

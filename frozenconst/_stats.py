@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import types
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 import jax
 
-from ._cache import LIVE, RETIRED, Store
+from ._cache import LIVE, STATE, Store
 from ._compat import Device
 
 
@@ -28,7 +28,7 @@ class ConstStats:
         zero_copy: whether the default-device buffer aliases the frozen host
             buffer (on JAX's CPU backend), `False` if it is a copy, `None` if
             there is no default-device buffer yet. For a constant bigger than
-            one host: whether every device buffer of its declared placement
+            one host: whether every device buffer of its declared sharding
             aliases its frozen slice (`None` before the first use).
     """
 
@@ -77,47 +77,41 @@ def _json_dict(report: ConstStats | Stats) -> dict[str, Any]:
     return out
 
 
-def human_bytes(nbytes: int) -> str:
-    """`nbytes` in the largest binary unit up to GiB it reaches: `1.5 KiB`, `512 B`."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"
+# A device buffer: its device and address. A committed view of the default
+# buffer on the same device is the same memory, counted once.
+_Buffer: TypeAlias = tuple[Device, int]
 
 
-def _device_bytes(arrays: Iterable[jax.Array]) -> tuple[dict[Device, int], set[tuple[Device, int]]]:
+def _buffers(arrays: Iterable[jax.Array]) -> dict[_Buffer, int]:
+    """Each distinct device buffer under `arrays`, with its bytes."""
+    return {
+        (shard.device, shard.data.unsafe_buffer_pointer()): shard.data.nbytes
+        for array in arrays
+        for shard in array.addressable_shards
+    }
+
+
+def _per_device(buffers: dict[_Buffer, int]) -> dict[Device, int]:
     per_device: dict[Device, int] = {}
-    seen: set[tuple[Device, int]] = set()
-    for array in arrays:
-        for shard in array.addressable_shards:
-            buffer = (shard.device, shard.data.unsafe_buffer_pointer())
-            if buffer in seen:  # a committed view of the default buffer: the same memory
-                continue
-            seen.add(buffer)
-            per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
-    return per_device, seen
+    for (device, _), nbytes in buffers.items():
+        per_device[device] = per_device.get(device, 0) + nbytes
+    return per_device
 
 
-def _aliasing(store: Store, arrays: list[jax.Array]) -> tuple[bool | None, int]:
+def _aliasing(store: Store, arrays: list[jax.Array], buffers: dict[_Buffer, int]) -> tuple[bool | None, int]:
     """(zero_copy, aliased bytes): whether the default buffer aliases the host buffer, and
     the bytes of device buffers that alias host buffers. For a partial constant, whose
     device buffers are made per device from its frozen slices: whether every device
-    buffer of the declared placement aliases its slice, and the bytes of those that do."""
+    buffer of the declared sharding aliases its slice, and the bytes of those that do."""
     if store.partial:
         addresses = {b.ctypes.data for b in store.host_buffers() if b.nbytes}
-        home = [a for a in arrays if a.sharding == getattr(store, "home", None)]
+        home = [a for a in arrays if a.sharding == store.home]
         zero_copy = (
             None
             if not home
             else all(s.data.unsafe_buffer_pointer() in addresses for a in home for s in a.addressable_shards)
         )
-        _, buffers = _device_bytes(arrays)
-        sizes = {
-            (s.device, s.data.unsafe_buffer_pointer()): s.data.nbytes
-            for a in arrays
-            for s in a.addressable_shards
-        }
-        return zero_copy, sum(sizes[b] for b in buffers if b[1] in addresses)
+        return zero_copy, sum(n for (_, address), n in buffers.items() if address in addresses)
     host_address = store.host.ctypes.data
     defaults = [a for a in arrays if not a.committed]
     zero_copy = None if not defaults else any(a.unsafe_buffer_pointer() == host_address for a in defaults)
@@ -126,16 +120,16 @@ def _aliasing(store: Store, arrays: list[jax.Array]) -> tuple[bool | None, int]:
 
 
 def const_stats(store: Store) -> ConstStats:
-    arrays = store.cached()
-    per_device = _device_bytes(arrays)[0]
-    zero_copy = _aliasing(store, arrays)[0]
+    """The accounting of one constant (`x.stats()`)."""
+    arrays = store.arrays()
+    buffers = _buffers(arrays)
     return ConstStats(
         host_bytes=store.host_nbytes,
-        device_bytes=types.MappingProxyType(per_device),
+        device_bytes=types.MappingProxyType(_per_device(buffers)),
         transfers=store.transfers,
         hits=store.hits,
         placements=len(arrays),
-        zero_copy=zero_copy,
+        zero_copy=_aliasing(store, arrays, buffers)[0],
     )
 
 
@@ -155,19 +149,18 @@ def stats() -> Stats:
         (1, 1)
     """
     stores = list(LIVE)
-    per_device: dict[Device, int] = {}
+    buffers: dict[_Buffer, int] = {}
     aliased = 0
     for store in stores:
-        arrays = store.cached()
-        one = _device_bytes(arrays)[0]
-        for device, n in one.items():
-            per_device[device] = per_device.get(device, 0) + n
-        aliased += _aliasing(store, arrays)[1]
+        arrays = store.arrays()
+        own = _buffers(arrays)
+        buffers.update(own)
+        aliased += _aliasing(store, arrays, own)[1]
     return Stats(
         live_constants=len(stores),
         host_bytes=sum(s.host_nbytes for s in stores),
-        device_bytes=types.MappingProxyType(per_device),
+        device_bytes=types.MappingProxyType(_per_device(buffers)),
         aliased_bytes=aliased,
-        transfers=RETIRED.transfers + sum(s.transfers for s in stores),
-        hits=RETIRED.hits + sum(s.hits for s in stores),
+        transfers=STATE.retired_transfers + sum(s.transfers for s in stores),
+        hits=STATE.retired_hits + sum(s.hits for s in stores),
     )

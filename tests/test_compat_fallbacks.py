@@ -23,7 +23,7 @@ from helpers import SIMPLIFIED, assert_float32_close, enable_x64, run_bounded, s
 from hypothesis import strategies as st
 
 import frozenconst
-from frozenconst import FrozenConst, FrozenConstWarning, _cache, _compat, _frozen, _hoisting, _jit, _placement
+from frozenconst import FrozenConst, FrozenConstWarning, _cache, _compat, _hoisting, _jit, _targets
 
 
 @pytest.fixture(autouse=True)
@@ -41,13 +41,9 @@ def test_settings_read_through_public_config_follow_thread_local_contexts(monkey
     # The fallback when JAX's state objects move: `jax.config.<name>`, slower, same answers.
     x64 = _compat._Setting("jax_enable_x64")
     device = _compat._Setting("jax_default_device")
-    for module, (x64_name, device_name) in {
-        _cache: ("X64", "DEFAULT_DEVICE"),
-        _jit: ("X64", "DEFAULT_DEVICE"),
-        _frozen: ("_X64", "_DEFAULT_DEVICE"),
-    }.items():
-        monkeypatch.setattr(module, x64_name, x64)
-        monkeypatch.setattr(module, device_name, device)
+    # The device cache is the one reader of both (`_cache.setting_key` and its inlined copy).
+    monkeypatch.setattr(_cache, "X64", x64)
+    monkeypatch.setattr(_cache, "DEFAULT_DEVICE", device)
     data = np.arange(5, dtype=np.int64) + 2**40  # needs x64 to keep its values
     cpu = jax.devices("cpu")[0]
     with enable_x64(True):
@@ -74,7 +70,7 @@ def test_without_eval_context_constants_met_in_traces_are_cached_concrete(monkey
     assert_float32_close(inside, data @ np.ones(3), np.abs(data).sum(1))
     assert not isinstance(eager, jax.core.Tracer)
     np.testing.assert_array_equal(np.asarray(eager), data)
-    assert not any(isinstance(a, jax.core.Tracer) for a in x._store.by_setting.values())
+    assert not any(isinstance(a, jax.core.Tracer) for a in x._store._served.values())
     assert jnp.asarray(x) is eager  # cached from the first concrete transfer on
 
 
@@ -175,7 +171,7 @@ class _nothing:
 
 
 def test_without_a_mesh_reader_a_bare_partition_spec_is_refused_by_name(monkeypatch):
-    monkeypatch.setattr(_placement, "active_mesh", lambda: None)
+    monkeypatch.setattr(_targets, "active_mesh", lambda: None)
     mesh = jax.make_mesh((1,), ("x",))
     with (
         _use_mesh(mesh),

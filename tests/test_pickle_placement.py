@@ -1,4 +1,4 @@
-"""Pickling keeps a declared placement where the unpickling process can rebuild it (issue #11, part 5)."""
+"""Pickling keeps a declared sharding where the unpickling process can rebuild it (issue #11, part 5)."""
 
 import os
 import pathlib
@@ -80,7 +80,7 @@ def test_without_a_placement_the_payload_is_the_host_data_only():
 )
 def test_a_placement_that_cannot_be_rebuilt_warns_once_and_loads(monkeypatch, state, reason):
     x = FrozenConst(np.arange(4.0), sharding=jax.devices()[0])
-    monkeypatch.setattr(frozenconst._frozen, "_placement_state", lambda sharding: state)
+    monkeypatch.setattr(frozenconst._frozen, "_sharding_state", lambda sharding: state)
     payload = pickle.dumps(x)
     monkeypatch.undo()
     y, ours, everything = _loads_recording(payload)

@@ -216,6 +216,21 @@ def test_jit_passthrough_gives_back_a_derived_value():
     assert jnp.asarray(same) is jnp.asarray(x)
 
 
+def test_a_tree_of_gradients_has_the_structure_of_the_model():
+    # A transformation gives back a derived value of the same type as the constant
+    # (not a subclass: JAX keys pytree nodes by exact type), so the tree maps that
+    # optimizers run over parameters and gradients together line up.
+    data = np.arange(3.0, dtype=np.float32)
+    model = {"w": jnp.ones(3), "c": FrozenConst(data)}
+    grads = jax.grad(lambda m: jnp.sum(m["w"] * m["c"] ** 2))(model)
+    assert type(grads["c"]) is FrozenConst and not grads["c"].is_concrete
+    assert jax.tree.structure(grads) == jax.tree.structure(model)
+    stepped = jax.tree.map(lambda p, g: p - 0.5 * g, model, grads)
+    np.testing.assert_allclose(np.asarray(stepped["w"]), 1 - 0.5 * data**2)
+    np.testing.assert_allclose(np.asarray(stepped["c"]), data - 0.5 * 2 * data)  # d/dc = 2 c w
+    assert model["c"].is_concrete  # the model's constant itself is untouched
+
+
 def test_jaxtyping_annotations_are_checked_at_run_time():
     @jaxtyped(typechecker=beartype)
     def embed(table: Float[FrozenConst, "vocab dim"], ids: Int[jax.Array, " n"]) -> Float[jax.Array, "n dim"]:
