@@ -21,7 +21,7 @@ VENVMIDDLE := .venv-jax$(subst .,,$(JAX_MIDDLE))
 PIP_FLAGS := --quiet --disable-pip-version-check
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 
-.PHONY: demo test test-fast lint typecheck docs doctest package pytest-311 pytest-312 pytest-floor pytest-middle bench clean
+.PHONY: demo test test-fast lint typecheck docs doctest package pytest-311 pytest-312 pytest-floor pytest-middle bench bench-compare clean
 
 $(VENV311)/.installed: pyproject.toml
 	@test -n "$(PYTHON311)" || { echo "error: no Python 3.11 found; set PYTHON311=/path/to/python3.11" >&2; exit 1; }
@@ -112,6 +112,12 @@ test-fast: pytest-311
 
 bench: $(VENV311)/.installed
 	$(VENV311)/bin/python -m benchmarks
+
+# The core section's cache hits and frozenconst.jit per call: the frozenconst of
+# git revision BASE against the working tree's (#13: within 3%). Not part of bench.
+BASE ?= HEAD
+bench-compare: $(VENV311)/.installed
+	$(VENV311)/bin/python -m benchmarks compare $(BASE)
 
 clean:
 	rm -rf $(VENV311) $(VENV312) $(VENVFLOOR) $(VENVMIDDLE) .venv-wheel .dist .site .mypy_cache .ruff_cache

@@ -7,6 +7,8 @@
     python -m benchmarks disk            # peak memory building constants from 256 MiB and 1 GiB .npy files
     python -m benchmarks multihost       # constants bigger than one host: per-process RSS, 2 and 4 processes
     python -m benchmarks constants       # per-call cost against the number of constants, with the peers
+    python -m benchmarks compare REV     # the core section's per-call figures: git revision REV's
+                                         # frozenconst against the working tree's (not part of "all")
     python -m benchmarks --quick         # smaller sweeps (a smoke run)
 
 Every figure is a ratio to a baseline measured in the same run: the constant
@@ -25,7 +27,7 @@ import pathlib
 import statistics
 from typing import Any
 
-from . import constants, core, disk, multihost, seed, seed_real
+from . import compare, constants, core, disk, multihost, seed, seed_real
 
 # Generated output (tables, JSON, plots), apart from the hand-written pages.
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
@@ -156,8 +158,11 @@ def main() -> None:
     parser.add_argument(
         "section",
         nargs="?",
-        choices=["all", "seed", "seed-real", "core", "constants", "disk", "multihost"],
+        choices=["all", "seed", "seed-real", "core", "constants", "disk", "multihost", "compare"],
         default="all",
+    )
+    parser.add_argument(
+        "rev", nargs="?", help="compare: the git revision whose frozenconst is the base (e.g. HEAD, HEAD~3)"
     )
     parser.add_argument("--quick", action="store_true", help="smaller sweeps")
     parser.add_argument("--repeats", type=int, default=3, help="seed runs per configuration (median)")
@@ -166,7 +171,10 @@ def main() -> None:
         type=float,
         help="seed-real: resident memory at which a variant counts as out of memory (default: 90%% of RAM)",
     )
+    parser.add_argument("--pairs", type=int, help="compare: process pairs (default 5; 3 quick)")
     args = parser.parse_args()
+    if (args.section == "compare") != (args.rev is not None):
+        parser.error("a revision goes with the compare section, and only with it: compare REV")
     if args.section in ("all", "seed"):
         run_seed(args.quick, args.repeats)
     if args.section in ("all", "seed-real"):
@@ -180,6 +188,8 @@ def main() -> None:
         disk.main([64] if args.quick else [256, 1024], DOCS)
     if args.section in ("all", "multihost"):
         multihost.main(args.quick, DOCS)
+    if args.section == "compare":  # not in "all": a check for a change, against a revision
+        compare.main(args.rev, args.quick, DOCS, args.pairs)
 
 
 if __name__ == "__main__":
