@@ -609,12 +609,13 @@ def _unwrap(value: Any) -> Any:
 
 
 def _forward(name: str) -> Any:
+    # `self._store.array(self._sharding)` is `self.__jax_array__()`, one call less.
     def method(self: FrozenConst, *args: Any) -> Any:
         if len(args) == 1:  # binary operators: the common case, without `map`
             other = args[0]
             if isinstance(other, FrozenConst):
-                other = other.__jax_array__()
-            return getattr(self.__jax_array__(), name)(other)
+                other = other._store.array(other._sharding)  # pyright: ignore[reportPrivateUsage]
+            return getattr(self._store.array(self._sharding), name)(other)  # pyright: ignore[reportPrivateUsage]
         return getattr(self.__jax_array__(), name)(*map(_unwrap, args))
 
     method.__name__ = method.__qualname__ = name
