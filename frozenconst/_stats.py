@@ -83,12 +83,18 @@ _Buffer: TypeAlias = tuple[Device, int]
 
 
 def _buffers(arrays: Iterable[jax.Array]) -> dict[_Buffer, int]:
-    """Each distinct device buffer under `arrays`, with its bytes."""
-    return {
-        (shard.device, shard.data.unsafe_buffer_pointer()): shard.data.nbytes
-        for array in arrays
-        for shard in array.addressable_shards
-    }
+    """Each distinct device buffer under `arrays`, with its bytes.
+
+    Buffers at one address can differ in size: on CPU the first shard of a sharded
+    placement and the default buffer both alias the start of the host buffer. The
+    larger is counted, whichever comes first.
+    """
+    found: dict[_Buffer, int] = {}
+    for array in arrays:
+        for shard in array.addressable_shards:
+            key = (shard.device, shard.data.unsafe_buffer_pointer())
+            found[key] = max(found.get(key, 0), shard.data.nbytes)
+    return found
 
 
 def _per_device(buffers: dict[_Buffer, int]) -> dict[Device, int]:
@@ -154,7 +160,8 @@ def stats() -> Stats:
     for store in stores:
         arrays = store.arrays()
         own = _buffers(arrays)
-        buffers.update(own)
+        for key, nbytes in own.items():
+            buffers[key] = max(buffers.get(key, 0), nbytes)
         aliased += _aliasing(store, arrays, own)[1]
     return Stats(
         live_constants=len(stores),

@@ -193,3 +193,21 @@ def test_shard_map_over_explicit_axes_runs_as_under_jax_jit():
         out = frozenconst.jit(body, embed_max_bytes=0)(x)  # a parameter, not embedded
     np.testing.assert_array_equal(np.asarray(out), expected)
     assert_float32_close(out, np.asarray(x) @ data, np.abs(np.asarray(x)) @ np.abs(data))
+
+
+def test_device_bytes_count_the_default_buffer_whole_when_a_shard_aliases_its_start():
+    # On CPU both the default buffer and the first row shard can alias the start
+    # of the frozen host buffer: one address, two sizes. The default buffer's
+    # bytes are all on its device whichever placement is listed last.
+    x = FrozenConst(_data())
+    default = jnp.asarray(x)
+    rows = x.on(NamedSharding(jax.make_mesh((4,), ("x",)), P("x")))
+    (device,) = default.devices()
+    buffers = {}
+    for arr in (default, rows):
+        for shard in arr.addressable_shards:
+            if shard.device == device:
+                ptr = shard.data.unsafe_buffer_pointer()
+                buffers[ptr] = max(buffers.get(ptr, 0), shard.data.nbytes)
+    assert x.stats().device_bytes[device] == sum(buffers.values()) >= default.nbytes
+    assert frozenconst.stats().device_bytes[device] >= default.nbytes
