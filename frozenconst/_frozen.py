@@ -236,7 +236,11 @@ class FrozenConst(_StaticBase):
             True
         """
         store = self._store.constant("on")
-        return store.array(as_sharding(target, store.shape))
+        # The buffer itself, inside a `frozenconst.jit` trace too (as `jax.jit` sees a
+        # closed-over array): concrete, committed, on the target's devices. A trace
+        # parameter there would be abstract, and its devices would have to match the
+        # computation's, where `jax.jit` embeds the array under the default pipeline.
+        return store.buffer(as_sharding(target, store.shape))
 
     def placed(self, target: Target) -> FrozenConst:
         """A handle on the same constant whose every use gets this placement.

@@ -195,6 +195,29 @@ def test_shard_map_over_explicit_axes_runs_as_under_jax_jit():
     assert_float32_close(out, np.asarray(x) @ data, np.abs(np.asarray(x)) @ np.abs(data))
 
 
+def test_on_inside_frozenconst_jit_runs_wherever_jax_jit_runs():
+    # `x.on(d1)` is the committed buffer on d1 inside the traced function too: moved
+    # to d0 there, it joins a computation on d0, as under `jax.jit`.
+    d0, d1 = jax.devices()[:2]
+    x = FrozenConst(_data())
+    a = jax.device_put(jnp.ones(x.shape, jnp.float32), d0)
+
+    def f(a):
+        return a + jax.device_put(x.on(d1), d0)
+
+    try:
+        expected = jax.jit(f)(a)
+    except ValueError:
+        # The simplified pipeline passes the closed-over buffer on d1 to the
+        # program on d0, which JAX refuses, for jax.jit as for frozenconst.jit.
+        with pytest.raises(ValueError, match="incompatible devices"):
+            frozenconst.jit(f)(a)
+        return
+    got = frozenconst.jit(f)(a)
+    assert got.devices() == {d0}
+    np.testing.assert_array_equal(got, expected)
+
+
 def test_device_bytes_count_the_default_buffer_whole_when_a_shard_aliases_its_start():
     # On CPU both the default buffer and the first row shard can alias the start
     # of the frozen host buffer: one address, two sizes. The default buffer's

@@ -351,3 +351,22 @@ def test_embed_max_bytes_is_the_largest_constant_kept_out_of_the_parameters(limi
 def test_embed_max_bytes_refuses_what_is_not_a_byte_count(bad):
     with pytest.raises(TypeError, match=r"embed_max_bytes.*non-negative int.*received"):
         frozenconst.jit(lambda w: w, embed_max_bytes=bad)
+
+
+def test_on_inside_the_traced_function_is_the_committed_buffer_as_under_jax_jit():
+    # `x.on(target)` returns a committed `jax.Array`: inside the traced function too,
+    # as `jax.jit` sees it, so code that reads it concretely runs there.
+    x = FrozenConst(unique_data(4096))
+    device = jax.devices()[0]
+    seen = []
+
+    def body(a):
+        y = x.on(device)
+        seen.append((y is x.on(device), y.committed, float(np.asarray(y)[3])))
+        return a + y
+
+    expected = jax.jit(body)(jnp.ones(4096, jnp.float32))
+    under_jax_jit, seen[:] = list(seen), []
+    got = frozenconst.jit(body)(jnp.ones(4096, jnp.float32))
+    assert seen and set(seen) == set(under_jax_jit) == {(True, True, float(np.asarray(x)[3]))}
+    np.testing.assert_array_equal(got, expected)
