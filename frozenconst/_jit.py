@@ -116,11 +116,21 @@ class JitWrapped:
         try:
             return self._jitted(consts, *args, **kwargs)
         except Rediscover:
-            return self._again(lambda _, c: self._jitted(c, *args, **kwargs), args, kwargs)
+            return self._again(lambda g, c: self._call_again(g, c, args, kwargs), args, kwargs)
         except RuntimeError as err:
             # XLA refuses a call before running it when a fed buffer was deleted
             # since (donated elsewhere) or is donated by this very call: feed
             # afresh, or a copy. Any other RuntimeError is the caller's.
+            return self._jitted(self._refed(consts, err, group, args, kwargs), *args, **kwargs)
+
+    def _call_again(self, group: _Group, consts: tuple[jax.Array, ...], args: Any, kwargs: Any) -> Any:
+        """The call made again after a trace met new constants: as `__call__` makes it, so a
+        constant first met by that trace and donated by this call is fed a copy there too."""
+        if self._donation_clash:
+            consts = self._not_donated(consts, args, kwargs)
+        try:
+            return self._jitted(consts, *args, **kwargs)
+        except RuntimeError as err:
             return self._jitted(self._refed(consts, err, group, args, kwargs), *args, **kwargs)
 
     def _again(self, step: Callable[[_Group, tuple[jax.Array, ...]], Any], args: Any, kwargs: Any) -> Any:

@@ -73,3 +73,17 @@ def test_an_inner_function_that_catches_every_exception_never_poisons_another_fu
     np.testing.assert_array_equal(np.asarray(frozenconst.jit(lambda v: helper(v))(x)), expected)
     np.testing.assert_array_equal(np.asarray(frozenconst.jit(lambda v: helper(v) + 0.0)(x)), expected)
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda v: helper(v) * 1.0)(x)), expected)
+
+
+def test_a_constant_met_only_by_tracing_and_donated_in_the_first_call():
+    # The trace meets the constant (held in a list, so not visible before), and the
+    # call is made again with it as a parameter: that call donates its buffer too,
+    # and is fed a copy, as every later call is.
+    x = FrozenConst(np.arange(4096.0, dtype=np.float32))
+    holder = [x]
+    f = frozenconst.jit(lambda a: a * 0 - 1 + holder[0] * 0, donate_argnums=0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+        for _ in range(2):
+            np.testing.assert_array_equal(np.asarray(f(x)), -np.ones(4096))
+    np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), np.arange(4096.0))  # still the constant
