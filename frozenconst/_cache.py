@@ -241,39 +241,29 @@ class Store:
 
     # -- the device side -------------------------------------------------------
 
-    def array(self, sharding: Sharding | None = None) -> jax.Array:
+    def array(self, sharding: Sharding | None = None, traced: bool = True) -> jax.Array:
         """What a use of the constant gets: its device buffer with `sharding` (None: on the
         default device, in the dtype JAX would give the host data now), or, while
         `frozenconst.jit` traces, what the constant stands for there (`_hoisting.resolve`).
+        With `traced=False`, the buffer itself even then: what `x.on(target)` returns,
+        concrete and committed, as a closed-over `jax.Array` is under `jax.jit`.
 
-        The one cache-hit path: every use (`jnp` calls, jit arguments,
+        The one cache-hit path: every use (`jnp` calls, jit arguments, `x.on`,
         `frozenconst.jit`'s feeding) comes here, and a hit is one dict lookup.
         It inlines `_hoisting.tracing()` and `setting_key()`, the one inlined
         copy of each: as calls they made a hit 0.05 us slower (0.40 against
         0.34 us for `x.__jax_array__()`, 5% of a `jax.jit` call `g(x)`; jax
         0.10.2, CPU, interleaved A/B medians).
         """
-        if _hoisting.active and _hoisting.scope.frames:
-            traced = _hoisting.resolve(self, sharding)
-            if traced is not None:
-                return traced
+        if traced and _hoisting.active and _hoisting.scope.frames:
+            value = _hoisting.resolve(self, sharding)
+            if value is not None:
+                return value
         array = self._served.get((sharding, DEFAULT_DEVICE.value, X64.value))
         # A cached buffer can be deleted behind our back: by `Array.delete()`,
         # or by donation to a jitted function (`donate_argnums`).
         if array is None or array.is_deleted():
             return self._fill(setting_key(sharding))
-        if STATE.accounting:
-            self.hits += 1
-        return array
-
-    def buffer(self, sharding: Sharding | None) -> jax.Array:
-        """The device buffer with `sharding` itself, even while `frozenconst.jit` traces:
-        what `x.on(target)` returns, a concrete committed array (inside a trace, as a
-        closed-over `jax.Array` under `jax.jit`), never a trace parameter."""
-        key = setting_key(sharding)
-        array = self._served.get(key)
-        if array is None or array.is_deleted():
-            return self._fill(key)
         if STATE.accounting:
             self.hits += 1
         return array

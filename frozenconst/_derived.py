@@ -51,7 +51,7 @@ class Derived:
         dtype: np.dtype[Any] = np.dtype(self.leaf.dtype)
         return dtype
 
-    def array(self, sharding: Sharding | None = None) -> Any:
+    def array(self, sharding: Sharding | None = None, traced: bool = True) -> Any:
         """The leaf itself (a derived value has no declared sharding)."""
         return self.leaf
 

@@ -240,7 +240,7 @@ class FrozenConst(_StaticBase):
         # closed-over array): concrete, committed, on the target's devices. A trace
         # parameter there would be abstract, and its devices would have to match the
         # computation's, where `jax.jit` embeds the array under the default pipeline.
-        return store.buffer(as_sharding(target, store.shape))
+        return store.array(as_sharding(target, store.shape), traced=False)
 
     def placed(self, target: Target) -> FrozenConst:
         """A handle on the same constant whose every use gets this placement.
