@@ -31,7 +31,11 @@ def test_a_variant_that_finishes_reports_its_peak_rss(tmp_path):
     row = run_variant(tmp_path, "frozenconst.jit", rss_limit=2**40)["row"]
     assert row["outcome"] == "ok"
     assert row["live_copies"] == 1
-    assert 0 < row["peak_rss_bytes"] <= row["os_peak_rss_bytes"]
+    # The worker's own peak (VmHWM, read as it ends) and the kernel's (`ru_maxrss`,
+    # at exit) agree up to the slack of Linux's per-CPU RSS counters: a few pages
+    # either way (seen: 4 KiB over, on a 214 MiB peak).
+    assert row["peak_rss_bytes"] > 0
+    assert abs(row["peak_rss_bytes"] - row["os_peak_rss_bytes"]) <= 0.01 * row["os_peak_rss_bytes"]
 
 
 def test_a_variant_over_the_memory_limit_is_reported_as_run_out(tmp_path):
