@@ -54,10 +54,12 @@ lint: $(VENV311)/.installed
 	$(VENV311)/bin/ruff check frozenconst tests benchmarks examples
 	$(VENV311)/bin/ruff format --check frozenconst tests benchmarks examples
 
-# The package: mypy --strict and pyright strict (pyproject.toml). The library
-# author's sample in tests/typing: mypy --strict and pyright standard, no ignores.
+# The package: mypy --strict and pyright strict (pyproject.toml); benchmarks/:
+# mypy --strict (the same configuration). The library author's sample in
+# tests/typing: mypy --strict and pyright standard, no ignores.
 typecheck: $(VENV311)/.installed
 	$(VENV311)/bin/mypy frozenconst
+	$(VENV311)/bin/mypy benchmarks
 	$(VENV311)/bin/mypy --strict tests/typing/library_sample.py
 	$(VENV311)/bin/pyright --pythonpath $(VENV311)/bin/python
 	$(VENV311)/bin/pyright --pythonpath $(VENV311)/bin/python -p tests/typing/pyrightconfig.json tests/typing/library_sample.py

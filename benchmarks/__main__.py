@@ -91,8 +91,8 @@ def run_seed(quick: bool, repeats: int) -> str:
         # memory or warm caches; the variants' order rotates from run to run.
         runs: dict[str, list[list[dict[str, Any]]]] = {v: [] for v in seed.VARIANTS}
         names = list(seed.VARIANTS)
-        for r in range(repeats):
-            for variant in names[r % len(names) :] + names[: r % len(names)]:
+        for run in range(repeats):
+            for variant in names[run % len(names) :] + names[: run % len(names)]:
                 result = seed.run_in_subprocess(
                     pipeline, [(variant, n, m) for n, m in configurations], steps=5
                 )

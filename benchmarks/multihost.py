@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 VARIANTS = ("partial", "whole copy")
@@ -43,8 +44,8 @@ def _status(field: str) -> int:
 def _worker(port: int, process_id: int, count: int, path: str, variant: str) -> None:
     import jax
 
-    jax.config.update("jax_num_cpu_devices", 2)
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.config.update("jax_num_cpu_devices", 2)  # type: ignore[no-untyped-call]  # unannotated in jax 0.10
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # type: ignore[no-untyped-call]  # unannotated in jax 0.10
     import gc
 
     import numpy as np
@@ -60,10 +61,15 @@ def _worker(port: int, process_id: int, count: int, path: str, variant: str) -> 
         initialization_timeout=120,
     )
     try:
-        rows = NamedSharding(jax.make_mesh((jax.device_count(),), ("x",)), P("x"))
+        spec = P("x")  # type: ignore[no-untyped-call]  # constructor unannotated in jax 0.10
+        rows = NamedSharding(jax.make_mesh((jax.device_count(),), ("x",)), spec)
         small = f"{path}.{process_id}.npy"
         np.save(small, np.ones((64, 8), np.float32))
-        for make in (lambda m: FrozenConst(m, sharding=rows), lambda m: FrozenConst(m)):
+        makers: tuple[Callable[[Any], FrozenConst], ...] = (
+            lambda m: FrozenConst(m, sharding=rows),
+            lambda m: FrozenConst(m),
+        )
+        for make in makers:
             warm = make(np.load(small, mmap_mode="r"))
             warm.on(rows).block_until_ready()  # every code path once, on a small table
         del warm
@@ -83,7 +89,7 @@ def _worker(port: int, process_id: int, count: int, path: str, variant: str) -> 
         }
         print("ROW " + json.dumps(row), flush=True)
     finally:
-        jax.distributed.shutdown()
+        jax.distributed.shutdown()  # type: ignore[no-untyped-call]  # unannotated in jax 0.10
 
 
 def _launch(count: int, path: str, variant: str, timeout_s: float = 600) -> list[dict[str, Any]]:

@@ -51,7 +51,7 @@ def buffers_holding(data: Any) -> tuple[int, int, int]:
     gc.collect()
     arrays = 0
     seen: dict[tuple[Any, int], int] = {}
-    for arr in jax.live_arrays():
+    for arr in jax.live_arrays():  # type: ignore[no-untyped-call]  # unannotated in jax 0.10
         if arr.is_deleted() or arr.shape != data.shape or arr.dtype != data.dtype:
             continue
         if np.array_equal(np.asarray(arr), data):
@@ -192,8 +192,9 @@ def run_in_subprocess(pipeline: str, jobs: list[tuple[str, int, float]], steps: 
     """Measure `jobs` in a fresh interpreter running JAX's `pipeline` constant pipeline."""
     env = dict(os.environ)
     env.pop("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS", None)
-    if PIPELINES[pipeline]:
-        env["JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"] = PIPELINES[pipeline]
+    flag = PIPELINES[pipeline]
+    if flag:
+        env["JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"] = flag
     spec = json.dumps({"jobs": jobs, "steps": steps})
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.seed", "--worker", spec],
@@ -219,7 +220,7 @@ def _worker(spec: str) -> None:
         gc.collect()
         import jax
 
-        jax.clear_caches()
+        jax.clear_caches()  # type: ignore[no-untyped-call]  # unannotated in jax 0.10
     rows.append({"environment": environment()})
     print(json.dumps(rows))
 
