@@ -65,14 +65,14 @@ class JitWrapped:
     a `_Group`, the constants that are parameters there, in order.
 
     What one call does (`__call__`): find the call's group, take each of its
-    constants' cached device buffers (`arrays_for`), and call `_jitted` with them
-    in front of the arguments.
+    constants' cached device buffers (`_Group.arrays`), and call `_jitted` with
+    them in front of the arguments (`_call`).
 
     How a newly met constant gets in: the trace that meets it lets it stand in
     as zeros (`_hoisting.resolve`) and notes it; at the end of the trace
     `Rediscover` is raised through `jax.jit`, so JAX caches nothing of that
     trace; the constant joins the group, and the call is made again
-    (`_again`). A constant JAX takes as a closed-over buffer (`_Constants.captures`)
+    (`_again`, then `_call`). A constant JAX takes as a closed-over buffer (`_Constants.captures`)
     never joins: the trace uses its buffer as `jax.jit` would.
     """
 
@@ -110,27 +110,24 @@ class JitWrapped:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         group = self._constants.single or self._constants.group(args, kwargs)
+        # Outside the `try`: inside another frozenconst.jit trace, feeding can stop
+        # that trace (`Rediscover`), which is the outer call's to handle.
         consts = group.arrays(args, kwargs) if group.sources else _NOTHING
+        try:
+            return self._call(group, consts, args, kwargs)
+        except Rediscover:
+            return self._again(lambda g, c: self._call(g, c, args, kwargs), args, kwargs)
+
+    def _call(self, group: _Group, consts: tuple[jax.Array, ...], args: Any, kwargs: Any) -> Any:
+        """Run the compiled function with `consts` for `group`'s constants, then the arguments."""
         if self._donation_clash:
             consts = self._not_donated(consts, args, kwargs)
         try:
             return self._jitted(consts, *args, **kwargs)
-        except Rediscover:
-            return self._again(lambda g, c: self._call_again(g, c, args, kwargs), args, kwargs)
         except RuntimeError as err:
             # XLA refuses a call before running it when a fed buffer was deleted
             # since (donated elsewhere) or is donated by this very call: feed
             # afresh, or a copy. Any other RuntimeError is the caller's.
-            return self._jitted(self._refed(consts, err, group, args, kwargs), *args, **kwargs)
-
-    def _call_again(self, group: _Group, consts: tuple[jax.Array, ...], args: Any, kwargs: Any) -> Any:
-        """The call made again after a trace met new constants: as `__call__` makes it, so a
-        constant first met by that trace and donated by this call is fed a copy there too."""
-        if self._donation_clash:
-            consts = self._not_donated(consts, args, kwargs)
-        try:
-            return self._jitted(consts, *args, **kwargs)
-        except RuntimeError as err:
             return self._jitted(self._refed(consts, err, group, args, kwargs), *args, **kwargs)
 
     def _again(self, step: Callable[[_Group, tuple[jax.Array, ...]], Any], args: Any, kwargs: Any) -> Any:
