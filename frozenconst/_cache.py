@@ -20,6 +20,7 @@ from ._compat import DEFAULT_DEVICE, X64, Device, Tracer, eval_context
 from ._fingerprint import fingerprint
 from ._hoisting import next_serial
 from ._host import as_dtype, check_narrowing, frozen_copy, human_bytes, native
+from ._targets import Target, as_sharding
 
 _REPR_MAX_ELEMENTS = 64
 
@@ -218,6 +219,10 @@ class Store:
     def check_device_dtype(self, dtype: np.dtype[Any]) -> None:
         """Raise unless the host data keeps every integer on a device as `dtype`."""
         check_narrowing(self._host, dtype)
+
+    def declare(self, target: Target) -> Sharding:
+        """The sharding `target` names, declared for this constant: checked now against it."""
+        return as_sharding(target, self.shape)
 
     def constant(self, what: str) -> Store:
         """This store: `what` (an operation, in words) needs a constant, and this is one."""

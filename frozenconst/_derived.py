@@ -34,7 +34,6 @@ class Derived:
     __slots__ = ("_frozen", "leaf")
 
     concrete = False
-    partial = False
 
     def __init__(self, leaf: Any) -> None:
         self.leaf = leaf

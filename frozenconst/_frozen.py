@@ -17,7 +17,7 @@ from ._derived import Derived
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._hoisting import Source
 from ._host import frozen_copy
-from ._partial import PartialStore, from_callback, from_source, lazily_sliceable
+from ._partial import from_callback, from_source, lazily_sliceable
 from ._stats import ConstStats, const_stats
 from ._targets import Target, as_sharding
 
@@ -107,7 +107,7 @@ class FrozenConst(_StaticBase):
             # would wrap on the device under the current x64 setting), copied once.
             store = Store(frozen_copy(obj, dtype))
         if declared is None:
-            declared = store.home if sharding is None else _declare(store, sharding)
+            declared = store.home if sharding is None else store.declare(sharding)
         self._init(store, declared)
 
     @classmethod
@@ -257,7 +257,7 @@ class FrozenConst(_StaticBase):
             True
         """
         store = self._store.constant("placed")
-        return FrozenConst._of(store, _declare(store, target))
+        return FrozenConst._of(store, store.declare(target))
 
     @property
     def sharding_target(self) -> jax.sharding.Sharding | None:
@@ -588,14 +588,6 @@ def _unpickle_placed(host: np.ndarray[Any, Any], state: tuple[Any, ...]) -> Froz
         )
         return FrozenConst(host)
     return FrozenConst(host, sharding=sharding)
-
-
-def _declare(store: Store, target: Target) -> jax.sharding.Sharding:
-    """The sharding `target` names, declared for a constant: checked now against what it holds."""
-    sharding = as_sharding(target, store.shape)
-    if isinstance(store, PartialStore):
-        store.parts(sharding)  # refuses, now, a placement that needs slices not held here
-    return sharding
 
 
 def adopt_host(host: np.ndarray[Any, Any]) -> FrozenConst:

@@ -36,6 +36,7 @@ from ._host import (
     native,
     to_numpy,
 )
+from ._targets import Target
 
 # An index as (start, stop) per axis: hashable, and the same for equal slices
 # however JAX spelled them (`slice(None)` or `slice(0, n)`).
@@ -157,6 +158,12 @@ class PartialStore(Store):
         )
 
     # -- the device side ---------------------------------------------------------
+
+    def declare(self, target: Target) -> Sharding:
+        """As `Store.declare`, and refused now where the sharding needs slices not held here."""
+        sharding = super().declare(target)
+        self.parts(sharding)
+        return sharding
 
     def parts(self, sharding: Sharding) -> dict[Device, np.ndarray[Any, Any]]:
         """The host data for each of this process's devices under `sharding`: a held
