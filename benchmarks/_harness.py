@@ -1,12 +1,50 @@
-"""Timing helpers: interleaved A/B ratios, and NumPy arrays placed off the 64-byte grid."""
+"""Timing helpers: interleaved A/B ratios, NumPy arrays placed off the 64-byte grid, and
+measurements run in fresh interpreters."""
 
 from __future__ import annotations
 
 import gc
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+
+def pipeline_env(flag: str | None, env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) with JAX's constant pipeline flag set to `flag`, or unset."""
+    out = dict(os.environ if env is None else env)
+    out.pop("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS", None)
+    if flag:
+        out["JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"] = flag
+    return out
+
+
+def run_worker(
+    module: str,
+    args: list[str],
+    what: str,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout: float | None = 1800,
+) -> Any:
+    """Run `python -m <module> --worker <args>` in a fresh interpreter and return the JSON
+    on the last line of its output; a failure raises with `what` and the worker's stderr."""
+    out = subprocess.run(
+        [sys.executable, "-m", module, "--worker", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _block(fn: Callable[[], Any], n: int) -> float:

@@ -27,6 +27,8 @@ import sys
 import tempfile
 from typing import Any
 
+from ._harness import run_worker
+
 # The repository root: `benchmarks` is always imported from here, and its
 # `frozenconst` is the working-tree side.
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -98,18 +100,9 @@ def run_side(tree: pathlib.Path, rounds: int, cwd: pathlib.Path) -> dict[str, An
     """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(tree), str(ROOT)]))
-    out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.compare", "--worker", str(tree), str(rounds)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=1800,
+    result: dict[str, Any] = run_worker(
+        "benchmarks.compare", [str(tree), str(rounds)], f"compare worker (frozenconst from {tree})", env, cwd
     )
-    if out.returncode != 0:
-        raise RuntimeError(f"compare worker failed (frozenconst from {tree}):\n{out.stderr[-4000:]}")
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
 

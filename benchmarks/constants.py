@@ -20,7 +20,6 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ._harness import _block
+from ._harness import _block, pipeline_env, run_worker
 
 VARIANTS = {
     "jax.jit, closure": "jax.jit, the constants closed over (jax.Arrays)",
@@ -162,21 +161,12 @@ def run(quick: bool) -> list[dict[str, Any]]:
     jobs = [(k, "16 B") for k in ks] + [(k, "1 MiB") for k in ks if k <= 100]
     rows = []
     for pipeline, flag in (("default", None), ("simplified", "1")):
-        env = dict(os.environ)
-        env.pop("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS", None)
-        if flag:
-            env["JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"] = flag
         spec = json.dumps({"jobs": jobs, "rounds": 7 if quick else 15})
-        done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.constants", "--worker", spec],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
+        env = pipeline_env(flag)
+        measured = run_worker(
+            "benchmarks.constants", [spec], f"benchmark worker ({pipeline})", env, timeout=None
         )
-        if done.returncode != 0:
-            raise RuntimeError(f"benchmark worker failed ({pipeline}):\n{done.stderr[-4000:]}")
-        rows += [{"pipeline": pipeline, **row} for row in json.loads(done.stdout.strip().splitlines()[-1])]
+        rows += [{"pipeline": pipeline, **row} for row in measured]
     return rows
 
 

@@ -27,12 +27,12 @@ import argparse
 import json
 import os
 import pathlib
-import subprocess
-import sys
 import tempfile
 from typing import Any
 
 import numpy as np
+
+from ._harness import run_worker
 
 MIB = 1 << 20
 MODES = ("np.load", "np.load + FrozenConst", "mmap + FrozenConst")
@@ -127,17 +127,9 @@ def measure(path: pathlib.Path, mode: str, timeout: float = 600) -> dict[str, An
     env.setdefault("JAX_PLATFORMS", "cpu")
     root = str(pathlib.Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.disk", "--worker", mode, str(path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=timeout,
+    row: dict[str, Any] = run_worker(
+        "benchmarks.disk", [mode, str(path)], f"disk benchmark worker ({mode})", env, timeout=timeout
     )
-    if out.returncode != 0:
-        raise RuntimeError(f"disk benchmark worker failed ({mode}):\n{out.stderr[-4000:]}")
-    row: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return row
 
 

@@ -21,13 +21,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ._harness import copy_at
+from ._harness import copy_at, pipeline_env, run_worker
 
 VARIANTS = {
     "numpy-closure": "raw NumPy array, closed over, jax.jit",
@@ -190,23 +189,9 @@ def environment() -> dict[str, str]:
 
 def run_in_subprocess(pipeline: str, jobs: list[tuple[str, int, float]], steps: int) -> list[dict[str, Any]]:
     """Measure `jobs` in a fresh interpreter running JAX's `pipeline` constant pipeline."""
-    env = dict(os.environ)
-    env.pop("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS", None)
-    flag = PIPELINES[pipeline]
-    if flag:
-        env["JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"] = flag
     spec = json.dumps({"jobs": jobs, "steps": steps})
-    out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.seed", "--worker", spec],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=1800,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"benchmark worker failed ({pipeline}):\n{out.stderr[-4000:]}")
-    rows: list[dict[str, Any]] = json.loads(out.stdout.strip().splitlines()[-1])
+    env = pipeline_env(PIPELINES[pipeline])
+    rows: list[dict[str, Any]] = run_worker("benchmarks.seed", [spec], f"benchmark worker ({pipeline})", env)
     for row in rows:
         row["pipeline"] = pipeline
     return rows

@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from . import seed
+from ._harness import pipeline_env
 
 LAYERS, MIB = 160, 64.0
 QUICK_LAYERS, QUICK_MIB = 40, 16.0
@@ -58,11 +59,7 @@ def run_variant(
     variant: str, pipeline: str, layers: int, mib: float, steps: int, rss_limit: int, timeout_s: float
 ) -> dict[str, Any]:
     """Measure one variant in a fresh interpreter; a row with `outcome` "ok" or "ran out: ..."."""
-    env = dict(os.environ)
-    env.pop("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS", None)
-    flag = seed.PIPELINES[pipeline]
-    if flag:
-        env["JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"] = flag
+    env = pipeline_env(seed.PIPELINES[pipeline])
     spec = json.dumps({"variant": variant, "layers": layers, "mib": mib, "steps": steps})
     proc = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.seed_real", "--worker", spec],
