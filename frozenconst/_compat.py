@@ -300,21 +300,46 @@ Tracer: type = jax.core.Tracer
 
 
 # The concrete mesh set by `jax.set_mesh` (or, before jax 0.7.2, by the
-# context manager `jax.sharding.use_mesh`), for a bare PartitionSpec.
+# context manager `jax.sharding.use_mesh`), for a bare PartitionSpec and for a
+# constant that follows a multi-device computation's mesh.
 # Public: `jax.sharding.get_mesh` (jax >= 0.8; checked on 0.8.3, 0.10.2 and
-# 0.12.0.1), which returns JAX's config state `device_context`. Before 0.8
-# (checked on 0.6.2 and 0.7.2) that state, `jax._src.config.device_context`,
-# is the only way to read it. Fallback: no mesh, so a bare PartitionSpec is
-# refused with an error that names `NamedSharding(mesh, spec)`.
+# 0.12.0.1). But inside a trace (a `jax.jit`, `grad` or `vmap` around
+# frozenconst code, or `x.on(P(...))` inside a jitted function) it raises
+# "`get_mesh` can only be used outside of `jax.jit`". What it returns there is
+# `jax._src.mesh.get_concrete_mesh()` (jax 0.6.2, 0.9.2, 0.10.2 and 0.12.0.1),
+# the config state `device_context`, which is part of every jit cache key
+# (`include_in_jit_key`), so reading it while tracing is safe: the program is
+# cached per mesh. Fallback where neither exists: no mesh, so a bare
+# PartitionSpec is refused with an error that names `NamedSharding(mesh, spec)`.
+_concrete_mesh: Callable[[], Any] | None
+try:
+    from jax._src.mesh import get_concrete_mesh as _concrete_mesh
+except ImportError:  # pragma: no cover - every supported JAX has it
+    _concrete_mesh = None
+
+
 def active_mesh() -> Any:
     """The concrete mesh set in this thread, or None."""
     get_mesh = getattr(jax.sharding, "get_mesh", None)
-    if get_mesh is not None:
-        mesh = get_mesh()
-    else:
-        state = _state("device_context")
-        mesh = getattr(state, "value", None)
+    mesh: Any = None
+    try:
+        if get_mesh is not None:
+            mesh = get_mesh()
+        elif _concrete_mesh is not None:
+            mesh = _concrete_mesh()
+    except ValueError:  # inside a trace
+        mesh = None if _concrete_mesh is None else _concrete_mesh()
     return mesh if isinstance(mesh, jax.sharding.Mesh) and not mesh.empty else None
+
+
+# `jax.export.export(f)` calls `f.trace(*specs).lower(..., _private_parameters=
+# mlir.LoweringParameters(for_export=True, ...))`, then reads the lowered
+# stage's private `_lowering` (jax 0.6.2, 0.9.2, 0.10.2 and 0.12.0.1, in
+# `jax/_src/export/_export.py`). The keyword tells frozenconst.jit's traced
+# stage that the program will be serialized, so it lowers `jax.jit(f)` with the
+# constants in it. Fallback, if JAX renames it: the stage raises a
+# FrozenConstTypeError naming `jax.jit(f.__wrapped__)` when `_lowering` is read.
+EXPORT_LOWERING = "_private_parameters"
 
 
 # `jnp.issubdtype` places an ml_dtypes number type (float6_e2m3fn, int2, ...)

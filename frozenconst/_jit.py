@@ -10,6 +10,7 @@ reaches it, becomes a parameter fed from the constant's cached device buffer.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import math
@@ -26,6 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ._cache import FED, STATE, FedArrays, Store, setting_key
 from ._compat import (
+    EXPORT_LOWERING,
     SIMPLIFIED_CONSTANTS,
     on_clear_caches,
     renew_shared_trace_context,
@@ -36,7 +38,7 @@ from ._compat import (
     unique_trace_context,
     warn_degraded,
 )
-from ._errors import FrozenConstWarning
+from ._errors import FrozenConstTypeError, FrozenConstWarning
 from ._frozen import FrozenConst, source_of
 from ._hoisting import BUFFER, PARAMETER, STOP, Frame, Rediscover, Source, enter, leave, tracing
 from ._targets import mesh_of
@@ -74,10 +76,31 @@ class JitWrapped:
     trace; the constant joins the group, and the call is made again
     (`_again`, then `_call`). A constant JAX takes as a closed-over buffer (`_Constants.captures`)
     never joins: the trace uses its buffer as `jax.jit` would.
+
+    Its own state lives in slots: `functools.update_wrapper` copies the wrapped
+    callable's `__dict__` into ours, as `jax.jit` copies it, and a wrapper of
+    another frozenconst.jit function (`jax.grad(f)`, any `functools.wraps`
+    decorator) carries that function's attributes. A slot is read before the
+    instance dict, so those copies never stand in for this function's state.
     """
+
+    __slots__ = (
+        "__dict__",
+        "__weakref__",
+        "_constants",
+        "_donated",
+        "_donation_clash",
+        "_fun",
+        "_jit_kwargs",
+        "_jitted",
+        "_kwargs",
+    )
 
     def __init__(self, fun: Callable[..., Any], jit_kwargs: dict[str, Any]) -> None:
         self._fun = fun
+        # What the user passed, for copies and for `jax.export` (`Traced.lower`).
+        self._kwargs = dict(jit_kwargs)
+        jit_kwargs = dict(jit_kwargs)
         embed_max_bytes = jit_kwargs.pop("embed_max_bytes", EMBED_MAX_BYTES)
         if isinstance(embed_max_bytes, bool) or not isinstance(embed_max_bytes, int) or embed_max_bytes < 0:
             raise TypeError(
@@ -100,11 +123,12 @@ class JitWrapped:
         for name in ("static_argnums", "donate_argnums"):
             if name in kwargs:
                 kwargs[name] = _shift(kwargs[name])
-        in_shardings = kwargs.get("in_shardings")
-        if isinstance(in_shardings, (tuple, list)):
-            kwargs["in_shardings"] = (None, *in_shardings)
+        if isinstance(kwargs.get("in_shardings"), (tuple, list)):
+            # The user's shardings are for the user's arguments; the constants
+            # come first and keep their own placement.
+            kwargs["in_shardings"] = (None, *kwargs["in_shardings"])
         self._jit_kwargs = kwargs
-        self._jitted = jax.jit(_make_traced(fun, self._constants), **kwargs)
+        self._jitted = _compiled(_make_traced(fun, self._constants), kwargs, self._constants.static)
         self._constants.renew = weakref.WeakMethod(self._renew)
         functools.update_wrapper(self, fun)
 
@@ -184,7 +208,16 @@ class JitWrapped:
     def _renew(self) -> None:
         # A new traced function: JAX's caches of the old one (and the device
         # buffers they captured) go with it.
-        self._jitted = jax.jit(_make_traced(self._fun, self._constants), **self._jit_kwargs)
+        self._jitted = _compiled(
+            _make_traced(self._fun, self._constants), self._jit_kwargs, self._constants.static
+        )
+
+    def __copy__(self) -> JitWrapped:
+        # As `jax.jit`'s functions copy: a new compiled function of the same callable.
+        return JitWrapped(self._fun, self._kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> JitWrapped:
+        return JitWrapped(copy.deepcopy(self._fun, memo), copy.deepcopy(self._kwargs, memo))
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Like `jax.jit(f).lower`: the constants are parameters of the lowered program."""
@@ -198,11 +231,20 @@ class JitWrapped:
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
         """Like `jax.jit(f).trace`: the constants are parameters of the traced program."""
         traced: Traced = self._again(
-            lambda g, c: Traced(self._jitted.trace(c, *args, **kwargs), g.sources[: len(c)]),
+            lambda g, c: Traced(
+                self._jitted.trace(c, *args, **kwargs),
+                g.sources[: len(c)],
+                lambda: self._embedded().trace(*args, **kwargs),
+            ),
             args,
             kwargs,
         )
         return traced
+
+    def _embedded(self) -> Any:
+        """`jax.jit` of the function itself: its constants closed over, as a serialized program needs."""
+        kwargs = {k: v for k, v in self._kwargs.items() if k != "embed_max_bytes"}
+        return jax.jit(self._fun, **kwargs)
 
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
         """Like `jax.jit(f).eval_shape`: the output's shapes and dtypes, computing nothing."""
@@ -225,6 +267,54 @@ class JitWrapped:
         if instance is None:
             return self
         return functools.partial(self, instance)
+
+
+def _compiled(traced: Callable[..., Any], kwargs: dict[str, Any], static: _Argnums | None) -> Any:
+    """`jax.jit` of `traced` (the constants first, then the user's arguments) with `kwargs`."""
+    in_shardings = kwargs.get("in_shardings")
+    if in_shardings is not None and not isinstance(in_shardings, tuple):
+        return _PerArity(traced, kwargs, () if static is None else _shift(static.argnums))
+    return jax.jit(traced, **kwargs)
+
+
+class _PerArity:
+    """`jax.jit` told one sharding for every argument (`in_shardings=s`), with the constants left out.
+
+    `jax.jit` applies such a sharding to each of its arguments, and the
+    constants are one of them here: so each number of positional arguments
+    gets its own `jax.jit`, told `(None, s, s, ...)`, as the user's `jax.jit`
+    applies `s` to the arguments only.
+    """
+
+    def __init__(self, traced: Callable[..., Any], kwargs: dict[str, Any], static: Any) -> None:
+        self._traced = traced
+        self._kwargs = kwargs
+        # The static positions (the constants counted): `jax.jit`'s shardings skip them.
+        self._static: tuple[int, ...] = static
+        self._by_count: dict[int, Any] = {}
+
+    def _for(self, n: int) -> Any:
+        # `n` counts the constants too; `jax.jit`'s shardings cover the non-static arguments.
+        dynamic = n - len({i % n for i in self._static if -n <= i < n})
+        jitted = self._by_count.get(dynamic)
+        if jitted is None:
+            shardings = (None, *[self._kwargs["in_shardings"]] * (dynamic - 1))
+            kwargs: dict[str, Any] = {**self._kwargs, "in_shardings": shardings}
+            jitted = self._by_count[dynamic] = jax.jit(self._traced, **kwargs)
+        return jitted
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._for(len(args))(*args, **kwargs)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        return self._for(len(args)).lower(*args, **kwargs)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        return self._for(len(args)).trace(*args, **kwargs)
+
+    def clear_cache(self) -> None:
+        for jitted in list(self._by_count.values()):
+            jitted.clear_cache()
 
 
 # -- the constants, per static configuration ------------------------------------
@@ -548,7 +638,7 @@ def _make_traced(fun: Callable[..., Any], constants: _Constants) -> Callable[...
         enter(frame)
         try:
             with trace_context(context):
-                out = fun(*args, **kwargs)
+                out = _resolved(fun(*args, **kwargs))
         except Exception as err:
             stopped = int(isinstance(err, Rediscover))
             if frame.inner == STOP and frame.nested:
@@ -599,6 +689,29 @@ def _make_traced(fun: Callable[..., Any], constants: _Constants) -> Callable[...
     return traced
 
 
+def _resolved(out: Any) -> Any:
+    """`out` with each FrozenConst in it standing for what it is in this trace (a parameter).
+
+    JAX flattens a traced function's output after the function returns, when
+    this trace's frame is gone: a constant returned as it is would be the
+    device buffer there, closed over and embedded. Flattened here, each is
+    what a use inside the function gets, and the caller receives what
+    `jax.jit` returns for it (a FrozenConst holding the output array).
+    """
+    return jax.tree_util.tree_map(_within_trace, out, is_leaf=_is_frozen)
+
+
+def _is_frozen(value: Any) -> bool:
+    return isinstance(value, FrozenConst)
+
+
+def _within_trace(value: Any) -> Any:
+    if isinstance(value, FrozenConst):
+        children, aux = value.tree_flatten()
+        return FrozenConst.tree_unflatten(aux, children)
+    return value
+
+
 class _Stage:
     """A jax stage object with the constants bound, so it is used like the original's."""
 
@@ -609,6 +722,14 @@ class _Stage:
     def __getattr__(self, name: str) -> Any:
         # The stage's public attributes (`jaxpr`, `cost_analysis`, `out_info`, ...).
         if name.startswith("_"):
+            if name == "_lowering":
+                # Read by `jax.export` from what `Traced.lower` returned: only a
+                # JAX whose exporter `EXPORT_LOWERING` does not recognise gets here.
+                raise FrozenConstTypeError(
+                    "jax.export cannot export a frozenconst.jit function on this JAX: its constants "
+                    "are parameters, and a serialized program has to carry them. Export "
+                    "`jax.jit(f.__wrapped__)` instead, which embeds them."
+                )
             raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
         return getattr(self._stage, name)
 
@@ -616,8 +737,19 @@ class _Stage:
 class Traced(_Stage):
     """`jax.stages.Traced` with the constants bound as parameters."""
 
-    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
+    def __init__(self, stage: Any, sources: list[Source], embedded: Callable[[], Any]) -> None:
+        super().__init__(stage, sources)
+        self._embedded = embedded
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Lower the traced program."""
+        if EXPORT_LOWERING in kwargs:
+            # `jax.export.export` lowers this trace and serializes it: a program
+            # that runs elsewhere must carry its constants, as `jax.jit(f)`'s
+            # export does. So `jax.jit(f)`'s trace is lowered instead, and its
+            # `jaxpr` answers the exporter's reads that follow.
+            self._stage = self._embedded()
+            return self._stage.lower(*args, **kwargs)
         return Lowered(self._stage.lower(*args, **kwargs), self._sources)
 
 

@@ -164,6 +164,13 @@ def run(num_processes, path):
     assert not any(op in hlo for op in ("all-gather", "all-to-all", "collective-permute", "all-reduce")), hlo
     assert frozenconst.stats().transfers - transfers == local  # `whole`'s own first transfer only
 
+    # -- a constant the function also returns (#19 §3): a parameter, as any use, never closed over
+    returned_tree, total = frozenconst.jit(lambda w: ({"t": x}, jnp.sum(x @ w, axis=0)))(w)
+    np.testing.assert_array_equal(gather(total), want[1], strict=True)
+    assert type(returned_tree["t"]) is FrozenConst
+    for shard in jnp.asarray(returned_tree["t"]).addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), data[shard.index], strict=True)
+
     # -- placements that need slices this process does not hold ---------------
     for other in (NamedSharding(mesh, P(None, "x")), NamedSharding(mesh, P())):
         with pytest.raises(NotAddressableError, match=r"needs slices this process does not hold: \["):

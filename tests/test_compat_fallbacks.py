@@ -180,9 +180,6 @@ def test_without_a_mesh_reader_a_bare_partition_spec_is_refused_by_name(monkeypa
         FrozenConst(np.ones(4), sharding=jax.sharding.PartitionSpec("x"))
 
 
-@pytest.mark.skipif(
-    _compat._state("device_context") is None, reason=f"jax {jax.__version__} has no `device_context` state"
-)
 def test_the_mesh_read_from_jaxs_state_when_get_mesh_is_missing(monkeypatch):
     monkeypatch.delattr(jax.sharding, "get_mesh", raising=False)
     mesh = jax.make_mesh((1,), ("x",))
@@ -190,6 +187,22 @@ def test_the_mesh_read_from_jaxs_state_when_get_mesh_is_missing(monkeypatch):
         x = FrozenConst(np.arange(4.0), sharding=jax.sharding.PartitionSpec("x"))
     assert x.sharding_target == jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
     assert _compat.active_mesh() is None
+
+
+def test_the_mesh_read_from_jaxs_state_inside_a_trace_where_get_mesh_refuses():
+    # `jax.sharding.get_mesh` raises inside `jax.jit` (jax >= 0.8); the state it reads does not.
+    mesh = jax.make_mesh((1,), ("x",))
+    seen = []
+    with _use_mesh(mesh):
+        jax.jit(lambda v: seen.append(_compat.active_mesh()) or v)(1.0)
+    assert seen == [mesh]
+
+
+def test_without_any_mesh_reader_a_bare_partition_spec_is_refused_by_name(monkeypatch):
+    monkeypatch.delattr(jax.sharding, "get_mesh", raising=False)
+    monkeypatch.setattr(_compat, "_concrete_mesh", None)
+    with pytest.raises(frozenconst.FrozenConstValueError, match=r"NamedSharding\(mesh, spec\)"):
+        FrozenConst(np.ones(4), sharding=jax.sharding.PartitionSpec("x"))
 
 
 def _use_mesh(mesh):
