@@ -294,7 +294,58 @@ def on_clear_caches(cache: Any, what: str) -> bool:
 # Source locations JAX records (and shows in errors and `frozenconst.audit`)
 # should point at the user's code, not at frozenconst's operator forwarding.
 # JAX hides its own frames the same way.
-source_info_util.register_exclusion(os.path.dirname(__file__) + os.sep)
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+source_info_util.register_exclusion(PACKAGE_DIR)
+
+
+# Tracebacks. An error raised through a JAX API (a `jax.jit` function, a
+# `jax.numpy` call) leaves that API through its boundary
+# (`traceback_util.api_boundary`), which removes JAX's internal frames from the
+# traceback as `JAX_TRACEBACK_FILTERING` / `jax.config.jax_traceback_filtering`
+# says ("auto", "tracebackhide", "remove_frames", "quiet_remove_frames", "off").
+# `jax._src.traceback_util.register_exclusion(path)` makes it treat the frames
+# of files under `path` as its own: frozenconst's frames below a JAX boundary
+# (the function `frozenconst.jit` traces, a FrozenConst's operators) are then
+# removed, kept or marked exactly as JAX's are. frozenconst's frames above
+# JAX's boundary (`JitWrapped.__call__`) are dropped by `_tracebacks`, which
+# reads the mode (`_filtering_mode`, "auto" resolved as JAX resolves it) and
+# JAX's marks on an error it filtered: its note (`_simplified_tb_msg`, quiet
+# mode) or its `UnfilteredStackTrace` cause (remove_frames mode).
+# Private, no public alternative; all four names checked on jax 0.6.2, 0.9.2,
+# 0.10.2 and 0.12.0.1. Fallback: nothing registered, and `traceback_filtering`
+# answers "off": frozenconst's frames stay (correct, only longer).
+def _find_traceback_util() -> Any:
+    try:
+        from jax._src import traceback_util
+    except ImportError:  # pragma: no cover - newer JAX layouts
+        return None
+    needed = ("register_exclusion", "_filtering_mode", "_simplified_tb_msg", "UnfilteredStackTrace")
+    if not all(hasattr(traceback_util, name) for name in needed):  # pragma: no cover - newer JAX
+        return None
+    traceback_util.register_exclusion(PACKAGE_DIR)
+    return traceback_util
+
+
+_traceback_util: Any = _find_traceback_util()
+
+
+def traceback_filtering() -> str:
+    """JAX's traceback filtering mode now ("auto" resolved), or "off" where this JAX cannot say."""
+    if _traceback_util is None:  # pragma: no cover - a JAX without the hooks
+        return "off"
+    mode: str = _traceback_util._filtering_mode()
+    return mode
+
+
+def jax_filtered(err: BaseException) -> bool:
+    """Whether a JAX API boundary removed its frames from `err`'s traceback (JAX's marks on it)."""
+    if _traceback_util is None:  # pragma: no cover - a JAX without the hooks
+        return False
+    note: str = _traceback_util._simplified_tb_msg
+    if any(isinstance(n, str) and note in n for n in getattr(err, "__notes__", ())):
+        return True
+    return isinstance(err.__cause__, _traceback_util.UnfilteredStackTrace)
+
 
 Tracer: type = jax.core.Tracer
 

@@ -42,6 +42,7 @@ from ._errors import FrozenConstTypeError, FrozenConstWarning
 from ._frozen import FrozenConst, source_of
 from ._hoisting import BUFFER, PARAMETER, STOP, Frame, Rediscover, Source, enter, leave, tracing
 from ._targets import mesh_of
+from ._tracebacks import boundary, hide_own_frames
 
 # Under JAX's default constant pipeline, a FrozenConst of at most this many
 # bytes is captured as its device buffer, which JAX embeds in the program, as
@@ -133,21 +134,27 @@ class JitWrapped:
         functools.update_wrapper(self, fun)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        group = self._constants.single or self._constants.group(args, kwargs)
-        # Outside the `try`: inside another frozenconst.jit trace, feeding can stop
-        # that trace (`Rediscover`), which is the outer call's to handle.
-        consts = group.arrays(args, kwargs) if group.sources else _NOTHING
-        # `_call`, inlined: as a call it made every call 3% slower (`python -m
-        # benchmarks compare`, frozenconst.jit per call against jax.jit: a change
-        # of 1.037 against 1.007 inlined, 9 pairs each; jax 0.10.2, CPU).
-        if self._donation_clash:
-            consts = self._not_donated(consts, args, kwargs)
+        # The outer `try` is `_tracebacks.boundary`, inlined (free until something raises).
         try:
-            return self._jitted(consts, *args, **kwargs)
-        except Rediscover:
+            group = self._constants.single or self._constants.group(args, kwargs)
+            # Outside the inner `try`: inside another frozenconst.jit trace, feeding can
+            # stop that trace (`Rediscover`), which is the outer call's to handle.
+            consts = group.arrays(args, kwargs) if group.sources else _NOTHING
+            # `_call`, inlined: as a call it made every call 3% slower (`python -m
+            # benchmarks compare`, frozenconst.jit per call against jax.jit: a change
+            # of 1.037 against 1.007 inlined, 9 pairs each; jax 0.10.2, CPU).
+            if self._donation_clash:
+                consts = self._not_donated(consts, args, kwargs)
+            try:
+                return self._jitted(consts, *args, **kwargs)
+            except Rediscover:
+                pass  # called again below: an error there is not raised "during handling" of this
+            except RuntimeError as err:
+                return self._jitted(self._refed(consts, err, group, args, kwargs), *args, **kwargs)
             return self._again(lambda g, c: self._call(g, c, args, kwargs), args, kwargs)
-        except RuntimeError as err:
-            return self._jitted(self._refed(consts, err, group, args, kwargs), *args, **kwargs)
+        except Exception as err:
+            hide_own_frames(err)
+            raise
 
     def _call(self, group: _Group, consts: tuple[jax.Array, ...], args: Any, kwargs: Any) -> Any:
         """Run the compiled function with `consts` for `group`'s constants, then the arguments
@@ -219,6 +226,7 @@ class JitWrapped:
     def __deepcopy__(self, memo: dict[int, Any]) -> JitWrapped:
         return JitWrapped(copy.deepcopy(self._fun, memo), copy.deepcopy(self._kwargs, memo))
 
+    @boundary
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Like `jax.jit(f).lower`: the constants are parameters of the lowered program."""
         lowered: Lowered = self._again(
@@ -228,6 +236,7 @@ class JitWrapped:
         )
         return lowered
 
+    @boundary
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
         """Like `jax.jit(f).trace`: the constants are parameters of the traced program."""
         traced: Traced = self._again(

@@ -13,7 +13,7 @@ PACKAGE = pathlib.Path(frozenconst.__file__).parent
 LAYERS = [
     ["_errors", "_fingerprint"],
     ["_compat"],
-    ["_host", "_targets", "_hoisting"],
+    ["_host", "_targets", "_hoisting", "_tracebacks"],
     ["_cache"],
     ["_partial", "_derived", "_stats"],
     ["_frozen"],
