@@ -184,7 +184,8 @@ def test_in_shardings_given_once_applies_to_the_arguments_not_to_the_constants()
     want = jax.jit(fun, in_shardings=sharding)(w, w)
     got = frozenconst.jit(fun, in_shardings=sharding)(w, w)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    assert got.sharding == want.sharding
+    # Equivalent placements (jax 0.6.2 names a one-device mesh's output `P()` where it names `P("i")`).
+    assert got.sharding.is_equivalent_to(want.sharding, got.ndim), (got.sharding, want.sharding)
     # The constant keeps its own placement: one buffer, on the default device.
     assert odd.on(jax.devices()[0]).sharding == SingleDeviceSharding(jax.devices()[0])
     lowered = frozenconst.jit(fun, in_shardings=sharding).lower(w, w)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from composition_cases import *  # noqa: F403 - the cases, run here on this process's devices
 from helpers import run_bounded, subprocess_env, unique_data
+from jax import export  # a submodule: not an attribute of `jax` before it is imported (jax 0.6.2)
 
 import frozenconst
 from frozenconst import FrozenConst
@@ -94,8 +95,8 @@ def test_jax_export_serializes_a_program_that_carries_its_constants(tmp_path):
     table = FrozenConst(unique_data((64, 256)))
     fun = frozenconst.jit(lambda w: jnp.tanh(table @ w))
     spec = jax.ShapeDtypeStruct((256,), jnp.float32)
-    exported = jax.export.export(fun)(spec)
-    reference = jax.export.export(jax.jit(lambda w: jnp.tanh(table @ w)))(spec)
+    exported = export.export(fun)(spec)
+    reference = export.export(jax.jit(lambda w: jnp.tanh(table @ w)))(spec)
     assert exported.in_avals == reference.in_avals
     w = jnp.ones(256, jnp.float32)
     np.testing.assert_allclose(np.asarray(exported.call(w)), np.asarray(fun(w)), rtol=1e-6)
