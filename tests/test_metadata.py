@@ -157,7 +157,8 @@ _READ_OFF_JAX_OBJECTS = {
     "functions, classes and pytree node types being wrapped, traced or registered": """
         __annotations__ __doc__ __fun_debug_info__ __module__ __name__ __qualname__
         _apply_primitive _fields _fun _use_cpp tree_flatten
-        __fun_sourceinfo__ _pmap_tag""",
+        __fun_sourceinfo__ _pmap_tag
+        fun_name""",
     "modules, devices, backends, XLA clients and compiled executables": """
         GpuAllocatorConfig _KW_ONLY_TYPE __file__ __path__ _device_backend _ifrt_version
         _is_gil_enabled _raw_platform _version batch_partitionable_targets clear_metadata
@@ -182,7 +183,8 @@ _READ_OFF_JAX_OBJECTS = {
         lower_block_spec name num_leaves num_scalar_prefetch oob_fill_mode orders_tensor_core
         out_block_specs pallas_interpret_element_aval physicalize predicate
         private_unzip_debug_locations reduce_precision tiling tobytes transforms type
-        TMAReduction async_store_smem_to_tmem for_tensor_core kernel_type""",
+        TMAReduction async_store_smem_to_tmem for_tensor_core kernel_type
+        arrive_dyn_expect_tx_supported resources""",
     "JAX's own test harness": """
         _default_global_config _default_thread_local_config thread_hostile thread_unsafe
         time_getter differing_executors""",
