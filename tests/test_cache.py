@@ -71,7 +71,14 @@ def test_default_device_is_followed():
     with jax.default_device(cpu):
         a = jnp.asarray(x)
     assert a.devices() == {cpu}
-    assert jnp.asarray(x) is a  # the only device here: same buffer
+    with jax.default_device(cpu):
+        assert jnp.asarray(x) is a  # cached per device
+    # Outside the context: the default device's buffer (the same one where that is the CPU,
+    # another where an accelerator is the default).
+    default = jax.devices()[0]
+    outside = jnp.asarray(x)
+    assert outside.devices() == {default}
+    assert (outside is a) == (default == cpu)
 
 
 def test_x64_flip_never_returns_the_wrong_dtype():
