@@ -7,6 +7,7 @@ from ._audit import CapturedConstant as CapturedConstant
 from ._audit import audit as audit
 from ._cache import Placement as Placement
 from ._cache import set_accounting as set_accounting
+from ._checkpoints import restore as restore
 from ._errors import CapturedNumpyConstantError as CapturedNumpyConstantError
 from ._errors import FrozenConstTypeError as FrozenConstTypeError
 from ._errors import FrozenConstValueError as FrozenConstValueError
