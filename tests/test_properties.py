@@ -55,7 +55,7 @@ def test_source_mutation_is_never_seen(source):
     # refused: JAX would wrap them on the device; see test_bad_input.py).
     with enable_x64(True):
         x = FrozenConst(source)
-    assert x.dtype == source.dtype.newbyteorder("=")  # stored in native byte order
+    assert x.host_dtype == source.dtype.newbyteorder("=")  # stored in native byte order
     snapshot = source.copy()
     source.fill(1)
     np.testing.assert_array_equal(np.asarray(x), snapshot)
