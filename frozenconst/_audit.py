@@ -7,7 +7,6 @@ import hashlib
 import linecache
 import math
 import os
-import re
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
@@ -374,14 +373,22 @@ TAKE_PYTREES: dict[str, tuple[str, ...]] = {
 }
 
 
+def _calls(line: str, function: str) -> bool:
+    """Whether `line` calls a function named `function` (`name(`, `module.name (`)."""
+    start = line.find(function)
+    while start >= 0:
+        before = line[start - 1] if start else " "
+        after = line[start + len(function) :].lstrip()
+        if not (before.isalnum() or before == "_") and after.startswith("("):
+            return True
+        start = line.find(function, start + 1)
+    return False
+
+
 def _called(filename: str, lineno: int) -> list[str]:
     """The functions of the tables above that the source line at the place of use calls."""
     line = linecache.getline(filename, lineno)
-    return [
-        name
-        for name in (*BYPASS_JAX_NUMPY, *TAKE_PYTREES)
-        if re.search(rf"\b{re.escape(name.rsplit('.', 1)[1])}\s*\(", line)
-    ]
+    return [name for name in (*BYPASS_JAX_NUMPY, *TAKE_PYTREES) if _calls(line, name.rsplit(".", 1)[1])]
 
 
 def _refused_as_array(err: Exception) -> FrozenConstValueError | FrozenConstTypeError | None:
