@@ -7,13 +7,15 @@ reachable as `x.host_dtype`.
 """
 
 import pickle
+import sys
+import textwrap
 
 import hypothesis.extra.numpy as hnp
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import enable_x64
+from helpers import enable_x64, run_bounded, subprocess_env
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -129,3 +131,18 @@ def test_runtime_checkers_need_the_union_not_array_like():
     assert _accepts(_checker(jaxtyping.Float[Array | FrozenConst, "n m"]), x)
     assert not _accepts(_checker(jaxtyping.Float[jax.typing.ArrayLike, "n m"]), x)
     assert not _accepts(_checker(jaxtyping.Float[Array | FrozenConst, "n"]), x)
+
+
+@pytest.mark.subprocess
+def test_dtype_follows_a_config_change_as_the_buffers_do():
+    code = """
+        import jax, jax.numpy as jnp, numpy as np
+        from frozenconst import FrozenConst
+        x = FrozenConst(np.arange(4.0))
+        assert x.dtype == jnp.asarray(x).dtype == np.float32, x.dtype
+        jax.config.update("jax_enable_x64", True)
+        assert x.dtype == jnp.asarray(x).dtype == np.float64, x.dtype
+        print("followed")
+        """
+    rc, out = run_bounded([sys.executable, "-c", textwrap.dedent(code)], env=subprocess_env())
+    assert rc == 0 and "followed" in out, out
