@@ -14,6 +14,8 @@ from ._errors import FrozenConstValueError as FrozenConstValueError
 from ._errors import FrozenConstWarning as FrozenConstWarning
 from ._errors import NotAddressableError as NotAddressableError
 from ._errors import TracedValueError as TracedValueError
+from ._flax import register_flax as register_flax
+from ._flax import register_if_imported as _register_if_imported
 from ._frozen import FrozenConst as FrozenConst
 from ._guard import no_numpy_constants as no_numpy_constants
 from ._intern import intern as intern
@@ -25,6 +27,10 @@ from ._training import combine as combine
 from ._training import is_frozen as is_frozen
 from ._training import is_trainable as is_trainable
 from ._training import partition as partition
+
+# flax.serialization learns constants here when flax is already imported (the
+# usual order: `import flax` sorts first); `register_flax()` covers the other.
+_register_if_imported()
 
 try:
     __version__ = _metadata.version("frozenconst")

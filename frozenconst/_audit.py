@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import linecache
+import math
 import os
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
@@ -14,7 +16,7 @@ from jax.extend import core as jex_core
 from jax.extend import source_info_util
 
 from ._cache import LIVE
-from ._errors import FrozenConstValueError
+from ._errors import FrozenConstTypeError, FrozenConstValueError
 from ._fingerprint import fingerprint
 from ._host import human_bytes
 from ._jit import EMBED_MAX_BYTES
@@ -45,6 +47,10 @@ class CapturedConstant:
         fingerprint: a digest of dtype, shape and bytes (`sha256-local:...` for a
             constant spread over several processes: of this process's slices only,
             which differs between processes).
+        sliced_bytes: where every use is a static slice (`x[:, :q]` with Python
+            ints), the bytes of the largest slice the program reads; else None.
+            NumPy slices a NumPy constant at trace time, so only the slice is
+            captured; JAX slices a `jax.Array` or a FrozenConst in the program.
     """
 
     kind: Kind
@@ -54,6 +60,7 @@ class CapturedConstant:
     uses: int
     first_use: str | None
     fingerprint: str
+    sliced_bytes: int | None = None
 
     @property
     def device_copies(self) -> int:
@@ -72,7 +79,20 @@ class CapturedConstant:
                 "JAX's simplified constant pipeline, and it is transferred again per executable; "
                 "fix: wrap it once in `frozenconst.FrozenConst`"
             )
-        if pipeline == "default" and self.nbytes >= _EMBED_WARN_BYTES:
+        if pipeline == "default" and self.sliced_bytes is not None and self.sliced_bytes < self.nbytes:
+            found.append(
+                f"embedded whole in the compiled program by jax.jit (default pipeline), though it reads "
+                f"only a static slice of {human_bytes(self.sliced_bytes)}: JAX slices it in the program, "
+                "where NumPy slices a NumPy array at trace time; fix: compile with `frozenconst.jit` "
+                "(the constant becomes a parameter, nothing embedded)"
+                + (
+                    ", or slice the host data at trace time, `np.asarray(x)[...]` (a read-only view, "
+                    "no copy), to embed only the slice as the NumPy original did"
+                    if self.kind == "frozenconst"
+                    else ""
+                )
+            )
+        elif pipeline == "default" and self.nbytes >= _EMBED_WARN_BYTES:
             found.append(
                 "embedded in the compiled program by jax.jit (default pipeline); fix: "
                 + (
@@ -231,7 +251,7 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
             closed = fun.trace(*args, **kwargs).jaxpr
         else:
             closed = jax.make_jaxpr(fun)(*args, **kwargs)
-    except ValueError as err:
+    except (ValueError, TypeError) as err:
         refused = _refused_as_array(err)
         if refused is None:
             raise
@@ -247,9 +267,17 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
             kind: Kind = "numpy"
             if isinstance(value, jax.Array):
                 kind = "frozenconst" if key in frozen_ids else "jax"
-            entry = found[key] = {"kind": kind, **_describe(value), "uses": 0, "first_use": _where(eqn)}
+            entry = found[key] = {
+                "kind": kind,
+                **_describe(value),
+                "uses": 0,
+                "first_use": _where(eqn),
+                "sliced_bytes": 0,
+            }
             order.append(key)
         entry["uses"] += 1
+        if entry["sliced_bytes"] is not None:
+            entry["sliced_bytes"] = _static_slice_bytes(eqn, entry["sliced_bytes"])
 
     constants = [CapturedConstant(**found[k]) for k in order]
     constants.sort(key=lambda c: -c.nbytes)
@@ -288,6 +316,15 @@ def _describe(value: Any) -> dict[str, Any]:
     }
 
 
+def _static_slice_bytes(eqn: Any, so_far: int) -> int | None:
+    """The larger of `so_far` and the bytes a static `slice` equation reads; None for any other use."""
+    if eqn.primitive.name != "slice":
+        return None
+    aval = eqn.outvars[0].aval
+    read: int = math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
+    return max(so_far, read)
+
+
 def _where(eqn: Any) -> str | None:
     try:
         text = source_info_util.summarize(eqn.source_info)
@@ -300,26 +337,89 @@ def _where(eqn: Any) -> str | None:
 # is not one of its array types (jax >= 0.7; 0.6 calls it with a
 # DeprecationWarning): an index (`a[idx]`, `a.at[idx]`) or a `jax.lax` operand.
 _JAX_REFUSAL = "__jax_array__() during abstractification"
+# And where a jitted JAX function hands a FrozenConst argument (there a value
+# derived from its tracer) to `jnp.asarray`'s type check, or compares the pytree
+# structure of its argument with that of a result (`jax.scipy.sparse.linalg.cg`).
+_TYPE_REFUSALS = ("got FrozenConst(", "CustomNode(FrozenConst")
 _HERE = os.path.dirname(__file__) + os.sep
 _JAX = os.path.dirname(jax.__file__) + os.sep
 
+# Public functions of `jax.nn` and `jax.scipy` that refuse a FrozenConst where they
+# take a NumPy array or a `jax.Array`, with the JAX versions on which they do:
+# they hand their argument to `jax.lax` (which refuses every `__jax_array__`
+# object, JEP 28661) or, jitted, to `jnp.asarray`'s type check, without
+# converting it first. The one-call fix: `jnp.asarray(x)`, the cached buffer.
+# Found by the sweep over every public function of `jax.nn` and `jax.scipy`
+# (tests/test_jax_integration.py), which checks this table on each version
+# below; docs/jax.md lists it.
+BYPASS_JAX_NUMPY: dict[str, tuple[str, ...]] = {
+    "jax.nn.sigmoid": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.scipy.fft.dct": ("0.6.2",),
+    "jax.scipy.fft.dctn": ("0.6.2",),
+    "jax.scipy.linalg.block_diag": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.scipy.linalg.hessenberg": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.scipy.linalg.schur": ("0.6.2", "0.9.2", "0.10.2"),
+    "jax.scipy.stats.norm.isf": ("0.6.2", "0.9.2", "0.10.2"),
+}
+# Those that take their argument as a pytree, so that a FrozenConst there is a
+# pytree node with one leaf rather than one array: `cg(A, b)` refuses a
+# FrozenConst `b` (its result's structure differs), `Rotation(q)` keeps it as
+# given. The same fix.
+TAKE_PYTREES: dict[str, tuple[str, ...]] = {
+    "jax.scipy.sparse.linalg.bicgstab": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.scipy.sparse.linalg.cg": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.scipy.sparse.linalg.gmres": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.scipy.spatial.transform.Rotation": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
+}
 
-def _refused_as_array(err: ValueError) -> FrozenConstValueError | None:
+
+def _calls(line: str, function: str) -> bool:
+    """Whether `line` calls a function named `function` (`name(`, `module.name (`)."""
+    start = line.find(function)
+    while start >= 0:
+        before = line[start - 1] if start else " "
+        after = line[start + len(function) :].lstrip()
+        if not (before.isalnum() or before == "_") and after.startswith("("):
+            return True
+        start = line.find(function, start + 1)
+    return False
+
+
+def _called(filename: str, lineno: int) -> list[str]:
+    """The functions of the tables above that the source line at the place of use calls."""
+    line = linecache.getline(filename, lineno)
+    return [name for name in (*BYPASS_JAX_NUMPY, *TAKE_PYTREES) if _calls(line, name.rsplit(".", 1)[1])]
+
+
+def _refused_as_array(err: Exception) -> FrozenConstValueError | FrozenConstTypeError | None:
     """The fix at the place of use, when JAX refused a FrozenConst where it wants a jax.Array."""
-    if _JAX_REFUSAL not in str(err):
+    text = str(err)
+    if isinstance(err, ValueError) and _JAX_REFUSAL in text:
+        refused: type[FrozenConstValueError | FrozenConstTypeError] = FrozenConstValueError
+    elif isinstance(err, TypeError) and any(words in text for words in _TYPE_REFUSALS):
+        refused = FrozenConstTypeError
+    else:
         return None
-    place = "an unknown place"
+    place, called = "an unknown place", []
     tb = err.__traceback__
     while tb is not None:  # JAX has already removed its own frames from it
         code = tb.tb_frame.f_code
         if not code.co_filename.startswith((_HERE, _JAX)):
             place = f"{code.co_filename}:{tb.tb_lineno} ({code.co_name})"
+            called = _called(code.co_filename, tb.tb_lineno)
         tb = tb.tb_next
-    return FrozenConstValueError(
+    there = (
+        f" in the call to {', '.join(f'`{name}`' for name in called)}, which passes its argument to "
+        "`jax.lax` or takes it as a pytree without converting it"
+        if called
+        else ""
+    )
+    return refused(
         f"JAX refused a value with `__jax_array__`, a FrozenConst for instance, where it takes only "
-        f"a jax.Array, at {place}: as an index (`a[idx]`, `a.at[idx]`) or a `jax.lax` operand. JAX "
-        "asks for the type of such a value before any public hook can answer. Convert it there "
-        "with `jnp.asarray(...)`, which returns a FrozenConst's cached device buffer and copies "
-        "nothing: `a[jnp.asarray(idx)]`, `lax.dynamic_slice(jnp.asarray(table), ...)`. "
-        "See docs/jax.md, Index tables."
+        f"a jax.Array, at {place}{there}: as an index (`a[idx]`, `a.at[idx]`), a `jax.lax` operand, "
+        "or the argument of a `jax.nn`/`jax.scipy` function that bypasses `jax.numpy` (docs/jax.md "
+        "lists them). JAX asks for the type of such a value before any public hook can answer. "
+        "Convert it there with `jnp.asarray(...)`, which returns a FrozenConst's cached device "
+        "buffer and copies nothing: `a[jnp.asarray(idx)]`, `lax.dynamic_slice(jnp.asarray(table), ...)`, "
+        "`jax.nn.sigmoid(jnp.asarray(x))`. See docs/jax.md, Index tables."
     )

@@ -95,6 +95,22 @@ def set_accounting(enabled: bool) -> None:
     STATE.accounting = bool(enabled)
 
 
+def device_dtype(host_dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """The dtype JAX gives data of `host_dtype` now: narrower without x64 (float64 to float32).
+
+    Read at each call, so it follows `jax.enable_x64` contexts and config changes
+    as the device buffers do (`Store.array` keys them on the x64 setting).
+    """
+    dtype: np.dtype[Any] = jax.dtypes.canonicalize_dtype(host_dtype)
+    return dtype
+
+
+def dtype_words(host_dtype: np.dtype[Any]) -> str:
+    """The dtypes a `repr` shows: `dtype=` what JAX computes with, `host_dtype=` where the host's differs."""
+    dtype = device_dtype(host_dtype)
+    return f"dtype={dtype}" if dtype == host_dtype else f"dtype={dtype}, host_dtype={host_dtype}"
+
+
 # The key of a use of a constant: its declared sharding (None: the default
 # device), the `jax_default_device` setting, the x64 flag. Several keys can
 # resolve to one device buffer.
@@ -236,13 +252,15 @@ class Store:
         return Store(frozen_copy(host, dtype, "the `FrozenConst` it received"))
 
     def describe(self) -> str:
-        """The constant's `repr`."""
+        """The constant's `repr`: the host values, and the dtype JAX computes with (`dtype_words`)."""
         host = self._host
+        dtype = dtype_words(host.dtype)
         if host.size <= _REPR_MAX_ELEMENTS:
             body = np.array2string(host, separator=", ", prefix="FrozenConst(")
             shape = f", shape={host.shape}" if host.size == 0 else ""
-            return f"FrozenConst({body}{shape}, dtype={host.dtype})"
-        return f"FrozenConst(shape={host.shape}, dtype={host.dtype}, nbytes={human_bytes(host.nbytes)})"
+            return f"FrozenConst({body}{shape}, {dtype})"
+        nbytes = host.size * device_dtype(host.dtype).itemsize  # `x.nbytes`: what JAX holds
+        return f"FrozenConst(shape={host.shape}, {dtype}, nbytes={human_bytes(nbytes)})"
 
     # -- the device side -------------------------------------------------------
 

@@ -12,7 +12,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 from numpy.typing import ArrayLike, DTypeLike
 
-from ._cache import Placement, Store, owner_of
+from ._cache import Placement, Store, device_dtype, owner_of
 from ._derived import Derived
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._hoisting import Source
@@ -66,7 +66,7 @@ class FrozenConst(_StaticBase):
         >>> table = FrozenConst(np.arange(6.0).reshape(2, 3))
         >>> table
         FrozenConst([[0., 1., 2.],
-                     [3., 4., 5.]], dtype=float64)
+                     [3., 4., 5.]], dtype=float32, host_dtype=float64)
         >>> jnp.sum(table @ jnp.ones(3))
         Array(15., dtype=float32)
     """
@@ -388,7 +388,25 @@ class FrozenConst(_StaticBase):
 
     @property
     def dtype(self) -> np.dtype[Any]:
-        """The dtype of the host data (on device JAX may narrow it: float64 to float32 without x64)."""
+        """The dtype JAX computes with: that of every device buffer and of `jnp.asarray(x)`.
+
+        The host dtype canonicalized under the current x64 setting (float64 data is
+        float32 without x64), read at each call, so it follows `jax.enable_x64`
+        contexts as the device buffers do. Runtime annotation checkers (jaxtyping)
+        and `np.dtype(x)` see this one; the host data's own is `host_dtype`.
+
+        Example:
+            >>> import numpy as np
+            >>> from frozenconst import FrozenConst
+            >>> x = FrozenConst(np.arange(4.0))   # float64 data, x64 off
+            >>> x.dtype, x.host_dtype
+            (dtype('float32'), dtype('float64'))
+        """
+        return device_dtype(self._store.dtype)
+
+    @property
+    def host_dtype(self) -> np.dtype[Any]:
+        """The dtype of the frozen host data (`np.asarray(x).dtype`, pickles, the fingerprint)."""
         return self._store.dtype
 
     @property
@@ -403,7 +421,10 @@ class FrozenConst(_StaticBase):
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the host data."""
+        """Bytes of the array JAX computes with (`size * dtype.itemsize`, as `jax.Array.nbytes`).
+
+        The host buffer's bytes are `x.stats().host_bytes`.
+        """
         return self.size * self.dtype.itemsize
 
     @property

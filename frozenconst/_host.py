@@ -22,8 +22,11 @@ from __future__ import annotations
 import contextlib
 import math
 import mmap
+import os
+import sys
+import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import jax
@@ -81,6 +84,42 @@ _PROBED: dict[np.dtype[Any], bool] = {}
 _PROBE_LOCK = threading.Lock()
 
 
+@contextlib.contextmanager
+def _held_stderr() -> Generator[Callable[[], None]]:
+    """Hold what is written to file descriptor 2 meanwhile; the caller may `release()` it.
+
+    XLA logs its refusal of a dtype (`E... INVALID_ARGUMENT: ... RuntimeProgramInputMismatch`
+    for int1 on jax 0.12) from C++ straight to the process's stderr before raising,
+    and no Python setting reaches that logger after start-up. A probe that finds a
+    dtype unusable drops that line, its expected answer; one that succeeds passes
+    on whatever was written meanwhile (by any thread), so nothing else is lost.
+    Without a usable descriptor 2 nothing is held.
+    """
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield lambda: None
+        return
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        released = True
+
+    with tempfile.TemporaryFile() as held:
+        try:
+            sys.stderr.flush()
+            os.dup2(held.fileno(), 2)
+            yield release
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if released:
+                held.seek(0)
+                os.write(2, held.read())
+
+
 def _probe(dtype: np.dtype[Any]) -> bool:
     # Two elements to the default device, through a compiled function, and back:
     # what every use of a constant needs. jax 0.10 names float6 types its CPU
@@ -88,12 +127,18 @@ def _probe(dtype: np.dtype[Any]) -> bool:
     # them. Run eagerly even inside a trace, whatever the transfer guard says.
     sample = np.zeros(2, dtype)
     try:
-        with eval_context(), jax.transfer_guard("allow"):
-            on_device = jax.device_put(sample)
-            back = np.asarray(on_device)
-            reversed_back = np.asarray(jax.jit(lambda v: v[::-1])(on_device))
-    except Exception:  # XLA's refusals are runtime errors of its own; any failure means "cannot hold"
+        jax.local_devices()  # the backend starts outside the hold: its own messages go through
+    except Exception:  # no backend at all: nothing can be held
         return False
+    with _held_stderr() as release:
+        try:
+            with eval_context(), jax.transfer_guard("allow"):
+                on_device = jax.device_put(sample)
+                back = np.asarray(on_device)
+                reversed_back = np.asarray(jax.jit(lambda v: v[::-1])(on_device))
+        except Exception:  # XLA's refusals are runtime errors of its own; any failure means "cannot hold"
+            return False
+        release()
     return all(a.dtype == dtype and a.tobytes() == sample.tobytes() for a in (back, reversed_back))
 
 

@@ -45,7 +45,7 @@ def intern(obj: ArrayLike | FrozenConst, dtype: DTypeLike | None = None) -> Froz
     if (
         isinstance(obj, FrozenConst)
         and obj.is_concrete
-        and (dtype is None or native(as_dtype(dtype)) == obj.dtype)
+        and (dtype is None or native(as_dtype(dtype)) == obj.host_dtype)
     ):
         key = obj.fingerprint
         with _LOCK:

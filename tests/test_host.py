@@ -116,7 +116,7 @@ def test_dtype_conversion_semantics():
 def test_accepts_numpy_values_scalars_and_sequences(obj):
     x = FrozenConst(obj)
     expected = np.asarray(obj)
-    assert x.shape == expected.shape and x.dtype == expected.dtype
+    assert x.shape == expected.shape and x.host_dtype == expected.dtype
     np.testing.assert_array_equal(np.asarray(x), expected)
 
 

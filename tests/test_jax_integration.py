@@ -1,7 +1,11 @@
 """FrozenConst where JAX expects a jax.Array: operators, methods, jax.numpy, transformations."""
 
+import importlib
 import inspect
 import operator
+import pathlib
+import pkgutil
+import re
 import warnings
 
 import jax
@@ -10,7 +14,9 @@ import numpy as np
 import pytest
 from helpers import live_copies, unique_data
 
+import frozenconst
 from frozenconst import FrozenConst
+from frozenconst._audit import BYPASS_JAX_NUMPY, TAKE_PYTREES
 
 
 def _same(a, b):
@@ -253,9 +259,8 @@ _CANDIDATES = {
     "bools": np.array([True, False, True]),
 }
 # The second constant of the two-argument form `(a, s)`: 0-d, so that `full_like(a, s)`,
-# `add(a, s)`, `where(a, s, ...)` broadcast it. float32 like the candidates: a FrozenConst's
-# `dtype` is that of its host data (docs/jax.md), which with float64 data and x64 off is
-# not the buffer's, a documented difference this sweep does not test.
+# `add(a, s)`, `where(a, s, ...)` broadcast it. float32 like the candidates (a FrozenConst's
+# `dtype` is its buffer's whatever the host holds: tests/test_annotations.py).
 _SCALAR = np.float32(2.0)
 _CALL_FORMS = [
     lambda a, s: (a,),
@@ -370,6 +375,81 @@ def test_every_numpy_function_accepts_a_frozenconst(module):
     # these call forms): 83% of jnp, 93% of linalg, 89% of fft on jax 0.6.2 to 0.12.
     public = len(list(_public_functions(module)))
     assert len(tested) >= 0.8 * public, f"{len(tested)} of {public} {module.__name__} functions exercised"
+
+
+# -- jax.nn and jax.scipy: the same sweep, over every public module -----------------
+# Each function gives for a FrozenConst what it gives for its cached buffer, or is one of
+# those that bypass jax.numpy, listed in `_audit` and docs/jax.md with the JAX versions on
+# which they refuse: on those versions the sweep finds exactly the listed ones.
+
+
+def _public_modules(package):
+    """`package` and every public module below it (`jax.scipy.stats.norm`, ...), by walking its path."""
+    found = [package]
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        if not any(part.startswith("_") for part in info.name.split(".")):
+            found.append(importlib.import_module(info.name))
+    return found
+
+
+_BYPASS_MODULES = [*_public_modules(jax.nn), *_public_modules(jax.scipy)]
+_LISTED = {**BYPASS_JAX_NUMPY, **TAKE_PYTREES}
+
+
+@pytest.mark.parametrize("module", _BYPASS_MODULES, ids=lambda m: m.__name__)
+def test_every_nn_and_scipy_function_accepts_a_frozenconst_or_is_listed(module):
+    tested, mismatched = _sweep(module)
+    found = {line.split(":")[0]: line for line in mismatched}
+    unlisted = [line for name, line in found.items() if name not in _LISTED]
+    assert not unlisted, "\n".join(unlisted)
+    for name in found:
+        if name in BYPASS_JAX_NUMPY:  # refused in JAX's words, not a wrong result
+            words = ("__jax_array__", "got FrozenConst(", "is not a valid JAX type")  # the last: jax 0.6
+            assert any(w in found[name] for w in words), found[name]
+    if jax.__version__ in {v for versions in _LISTED.values() for v in versions}:
+        here = {n for n, versions in _LISTED.items() if n.rsplit(".", 1)[0] == module.__name__}
+        assert set(found) == {n for n in here if jax.__version__ in _LISTED[n]}, found
+    # The fix docs/jax.md gives works for each: the sweep compared the cached buffer's results.
+    assert all(name.rsplit(".", 1)[1] in tested for name in found)
+
+
+def test_the_sweeps_cover_nn_and_scipy():
+    names = [m.__name__ for m in _BYPASS_MODULES]
+    assert {"jax.nn", "jax.scipy.linalg", "jax.scipy.special", "jax.scipy.stats.norm"} <= set(names)
+    assert len(names) > 30, names
+
+
+def test_docs_list_the_functions_that_bypass_jax_numpy():
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "jax.md").read_text()
+    section = text.split("## jax.nn and jax.scipy: the functions that bypass jax.numpy")[1].split("\n## ")[0]
+    rows = re.findall(r"^\| `([\w.]+)` \| ([\d., ]+) \|", section, re.MULTILINE)
+    assert {name: tuple(v.strip() for v in versions.split(",")) for name, versions in rows} == _LISTED
+
+
+@pytest.mark.skipif(
+    tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 7),
+    reason="jax 0.6 takes the constant with a DeprecationWarning, then fails in other words (docs/jax.md)",
+)
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: jax.nn.sigmoid(x),
+        lambda x: jax.scipy.linalg.block_diag(x),
+        lambda x: jax.scipy.linalg.hessenberg(x),
+    ],
+    ids=["sigmoid", "block_diag", "hessenberg"],
+)
+def test_audit_names_the_function_that_bypasses_jax_numpy(call):
+    x = FrozenConst(np.eye(3, dtype=np.float32) + 1)
+    with pytest.raises((ValueError, TypeError)):
+        call(x)
+    (name,) = [n for n in BYPASS_JAX_NUMPY if n.rsplit(".", 1)[1] in call.__code__.co_names]
+    with pytest.raises((frozenconst.FrozenConstValueError, frozenconst.FrozenConstTypeError)) as caught:
+        frozenconst.audit(lambda: call(x))
+    message = str(caught.value)
+    assert f"test_jax_integration.py:{call.__code__.co_firstlineno} (<lambda>)" in message
+    assert f"`{name}`" in message and "jnp.asarray" in message
+    _same(call(jnp.asarray(x)), call(jnp.asarray(np.asarray(x))))
 
 
 def test_lax_needs_asarray_by_design():

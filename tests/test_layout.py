@@ -18,7 +18,7 @@ LAYERS = [
     ["_partial", "_derived", "_stats"],
     ["_frozen"],
     ["_jit"],
-    ["_audit", "_checkpoints", "_intern", "_training", "strategies", "_hypothesis_hook"],
+    ["_audit", "_checkpoints", "_flax", "_intern", "_training", "strategies", "_hypothesis_hook"],
     ["_guard"],
     ["_pytest_plugin", "__init__", "__main__"],
 ]

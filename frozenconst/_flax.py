@@ -1,0 +1,66 @@
+"""`flax.serialization` for constants, registered without making flax a dependency."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ._frozen import FrozenConst
+
+
+def _to_state(x: FrozenConst) -> np.ndarray[Any, Any]:
+    # The host data, read-only and in its own dtype: a restored constant is the
+    # original bit for bit, whatever the x64 setting when either side ran.
+    return np.asarray(x)
+
+
+def _from_state(target: FrozenConst, state: Any) -> FrozenConst:
+    restored = np.asarray(state)
+    if target.is_concrete:
+        host = np.asarray(target)
+        if (
+            restored.dtype == host.dtype
+            and restored.shape == host.shape
+            and np.array_equal(restored.reshape(-1).view(np.uint8), host.reshape(-1).view(np.uint8))
+        ):
+            # The template's own constant holds these bytes: keep it (its device
+            # buffers too), as `tree_unflatten` keeps a constant rebuilt from its buffer.
+            return target
+    return FrozenConst(restored)
+
+
+def register_flax() -> None:
+    """Teach `flax.serialization` (`to_bytes`, `from_bytes`, `to_state_dict`) to handle constants.
+
+    A constant is saved as its host data, as a `jax.Array` is saved as its
+    values, and restores as a FrozenConst: the template's own constant where
+    the bytes are the same, else a new constant of the restored data. Called
+    by `import frozenconst` when flax is already imported; call it yourself
+    where flax may be imported later. Calling it again does nothing.
+
+    Example:
+        >>> import numpy as np, frozenconst
+        >>> from flax import serialization
+        >>> frozenconst.register_flax()
+        >>> x = frozenconst.FrozenConst(np.arange(3.0))
+        >>> data = serialization.to_bytes({"t": x})
+        >>> serialization.from_bytes({"t": x}, data)["t"] is x
+        True
+    """
+    from flax import serialization
+
+    # flax's registry functions carry no annotations.
+    is_serializable: Callable[[type], bool] = serialization.is_serializable
+    register: Callable[..., None] = serialization.register_serialization_state
+    if not is_serializable(FrozenConst):
+        # `override`: two threads may both get here; the second writes the same pair.
+        register(FrozenConst, _to_state, _from_state, override=True)
+
+
+def register_if_imported() -> None:
+    """`register_flax()` if flax is imported already; flax is never imported here."""
+    if "flax" in sys.modules:
+        register_flax()
