@@ -84,7 +84,8 @@ def restore(template: _T, restored: Any) -> _T:
         found = available.pop(names, None)
         if names in constants:
             out.append(leaf)
-            # Shapes only: a constant reports its host dtype, a placeholder the device's.
+            # Shapes only: what stands in a constant's place may be its host data (float64
+            # without x64) or a placeholder of the dtype JAX computes with (`x.dtype`).
             if found is not None and _differs(leaf, found, dtype=False):
                 problems.append(f"`{_show(names)}` is the constant {_describe(leaf)}, {_restored(found)}")
             continue
