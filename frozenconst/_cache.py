@@ -17,9 +17,11 @@ from numpy.typing import DTypeLike
 
 from . import _hoisting
 from ._compat import DEFAULT_DEVICE, X64, Device, Tracer, eval_context
+from ._convert import as_dtype, check_narrowing
+from ._dtypes import native
 from ._fingerprint import fingerprint
 from ._hoisting import next_serial
-from ._host import as_dtype, check_narrowing, frozen_copy, human_bytes, native
+from ._host import frozen_copy, human_bytes
 from ._targets import Target, as_sharding
 
 _REPR_MAX_ELEMENTS = 64

@@ -24,18 +24,10 @@ from numpy.typing import DTypeLike
 
 from ._cache import Store
 from ._compat import Device
+from ._convert import as_dtype, check_narrowing, to_numpy
+from ._dtypes import check_dtype, native
 from ._errors import FrozenConstValueError, NotAddressableError
-from ._host import (
-    as_dtype,
-    check_dtype,
-    check_narrowing,
-    freeze,
-    freeze_parts,
-    frozen_copy,
-    human_bytes,
-    native,
-    to_numpy,
-)
+from ._host import freeze, freeze_parts, frozen_copy, human_bytes
 from ._targets import Target
 
 # An index as (start, stop) per axis: hashable, and the same for equal slices

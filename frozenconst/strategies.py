@@ -36,8 +36,8 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from ._compat import X64
+from ._dtypes import SUPPORTED_DTYPES
 from ._frozen import FrozenConst
-from ._host import SUPPORTED_DTYPES
 
 __all__ = ["frozen_consts", "jax_dtypes"]
 

@@ -13,6 +13,8 @@ PACKAGE = pathlib.Path(frozenconst.__file__).parent
 LAYERS = [
     ["_errors", "_fingerprint"],
     ["_compat"],
+    ["_dtypes"],
+    ["_convert"],
     ["_host", "_targets", "_hoisting", "_tracebacks"],
     ["_cache"],
     ["_partial", "_derived", "_stats"],
