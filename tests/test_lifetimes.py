@@ -198,10 +198,10 @@ def test_nested_use_is_traced_again_isolated_once_then_never():
 
 
 def test_without_trace_isolation_nested_uses_are_correct_and_warned_once(monkeypatch):
-    from frozenconst import FrozenConstWarning, _compat, _hoisting, _jit
+    from frozenconst import FrozenConstWarning, _compat, _groups, _hoisting
 
     monkeypatch.setattr(_hoisting, "trace_isolation", False)
-    monkeypatch.setattr(_jit, "trace_isolation", False)
+    monkeypatch.setattr(_groups, "trace_isolation", False)
     _compat.warn_degraded.cache_clear()
     c = FrozenConst(unique_data((8, 8)))
     f = frozenconst.jit(
