@@ -27,9 +27,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ._argnums import Argnums
 from ._cache import FED, STATE, FedArrays, Store, setting_key
-from ._compat import SIMPLIFIED_CONSTANTS, on_clear_caches, trace_identity, trace_isolation, warn_degraded
+from ._compat import SIMPLIFIED_CONSTANTS, on_clear_caches, trace_identity, warn_degraded
 from ._frozen import FrozenConst, source_of
-from ._hoisting import BUFFER, STOP, Source, tracing
+from ._hoisting import Frame, Protocol, Source, tracing
 from ._targets import mesh_of
 
 
@@ -148,12 +148,9 @@ class Constants(FedArrays):
         self.groups: dict[Any, Group] = {}
         # The group of a function without static arguments, read by every call.
         self.single: Group | None = None
-        # How a constant used inside a nested trace resolves (see `_hoisting`):
-        # first `STOP` (the trace is redone isolated), then `PARAMETER`, and
-        # `BUFFER` where JAX refused the program with the parameter.
-        self.inner = STOP if trace_isolation else BUFFER
-        # Why JAX refused the program with a parameter in a nested trace, until warned.
-        self.refusal: Exception | None = None
+        # How a constant used inside a nested trace resolves, moved by the traces
+        # (`_hoisting.Protocol`).
+        self.protocol = Protocol()
         if not on_clear_caches(self, "frozenconst.jit constants"):
             warn_degraded(
                 "`jax.clear_caches()` cannot reach frozenconst.jit's constants on this JAX, so a "
@@ -188,6 +185,17 @@ class Constants(FedArrays):
                     if self.static is None:
                         self.single = found
         return found
+
+    def learn(self, frame: Frame, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Keep what a trace of a call with these arguments met: the constants it captured, and
+        those it met for the first time, parameters from the next trace on."""
+        if frame.captured:
+            self.captured.update(frame.captured)
+            FED.add(self)
+        if frame.pending:
+            # To the group in the table now (`jax.clear_caches()` may have
+            # replaced the one this trace started with).
+            self.group(args, kwargs).add(frame.pending)
 
     def cache_clear(self) -> None:
         """Forget every group (called by `jax.clear_caches()`)."""

@@ -14,7 +14,6 @@ import copy
 import functools
 import inspect
 import sys
-import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any, overload
@@ -22,18 +21,12 @@ from typing import Any, overload
 import jax
 
 from ._argnums import Argnums, shift
-from ._cache import FED
 from ._compat import (
     SIMPLIFIED_CONSTANTS,
-    renew_shared_trace_context,
-    shared_trace_context,
-    trace_context,
-    unique_trace_context,
 )
-from ._errors import FrozenConstWarning
 from ._frozen import FrozenConst
 from ._groups import Constants, Group
-from ._hoisting import BUFFER, PARAMETER, STOP, Frame, Rediscover, Source, enter, leave
+from ._hoisting import Rediscover, Source
 from ._stages import Lowered, Traced, compiled
 from ._tracebacks import boundary, hide_own_frames
 
@@ -274,65 +267,17 @@ class JitWrapped:
 # -- the traced function, and jax's stage objects with the constants bound -------
 
 
-def _warn_refused(sources: list[Source], err: Exception) -> None:
-    names = ", ".join(f"FrozenConst {s.dtype}{list(s.shape)}" for s, _ in sources)
-    reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    warnings.warn(
-        f"frozenconst.jit: JAX refused this program with {names} as a parameter used inside a "
-        f"nested trace ({type(err).__name__}: {reason}). It is captured there as jax.jit would "
-        "capture it: its device buffer, embedded in the program by JAX's default constant "
-        "pipeline. Pass it to the inner function as an argument to keep it out.",
-        FrozenConstWarning,
-        stacklevel=4,
-    )
-
-
 def _make_traced(fun: Callable[..., Any], constants: Constants) -> Callable[..., Any]:
     """The function `jax.jit` traces: the constants as its first parameter, then `fun`'s."""
 
     def traced(consts: tuple[Any, ...], /, *args: Any, **kwargs: Any) -> Any:
         group = constants.group(args, kwargs)
-        frame = Frame(dict(zip(group.sources, consts, strict=False)), constants.inner, constants.captures)
-        context = shared_trace_context() if frame.inner == STOP else unique_trace_context()
-        stopped = 0  # stops that reached this function (not caught on the way)
-        enter(frame)
-        try:
-            with trace_context(context):
-                out = _resolved(fun(*args, **kwargs))
-        except Exception as err:
-            stopped = int(isinstance(err, Rediscover))
-            if frame.inner == STOP and frame.nested:
-                out = None  # the nested trace was stopped: redone isolated, below
-            elif frame.inner == PARAMETER and frame.nested and not frame.pending:
-                # JAX may refuse a parameter closed over by an inner trace
-                # (`shard_map` over `Explicit` mesh axes refuses closed-over
-                # sharded inputs): give those constants what jax.jit would.
-                constants.inner, constants.refusal = BUFFER, err
-                raise Rediscover from err
-            else:
-                raise
-        finally:
-            leave()
-            if frame.captured:
-                constants.captured.update(frame.captured)
-                FED.add(constants)
-            if frame.pending:
-                # To the group in the table now (`jax.clear_caches()` may have
-                # replaced the one this trace started with).
-                constants.group(args, kwargs).add(frame.pending)
-            if frame.inner == STOP and frame.nested:
-                constants.inner = PARAMETER
-            if frame.stops > stopped:
-                # User code caught a stop (`except Exception:` around a nested
-                # use) and the inner trace went on: JAX may have cached it with
-                # this trace's tracer inside. Nothing traced later reuses it.
-                renew_shared_trace_context()
-        if frame.redo:
-            raise Rediscover
-        if frame.inner == BUFFER and frame.nested and constants.refusal is not None:
-            _warn_refused(frame.nested, constants.refusal)
-            constants.refusal = None
-        return out
+        return constants.protocol.trace(
+            lambda: _resolved(fun(*args, **kwargs)),
+            dict(zip(group.sources, consts, strict=False)),
+            constants.captures,
+            lambda frame: constants.learn(frame, args, kwargs),
+        )
 
     try:
         signature = inspect.signature(fun)
