@@ -1,4 +1,11 @@
-"""The device cache: one `jax.Array` per placement, transferred once from the frozen host buffer."""
+"""The device cache: one `jax.Array` per placement, transferred once from the frozen host buffer.
+
+The first of two cache tiers: `Store.array`, the path every use of a constant
+takes, a hit one dict lookup. The second is `frozenconst.jit`'s
+(`_groups.Group.arrays`): the tuple of arrays a function fed last, fed again
+while nothing here changed (`STATE.epoch`). Both count their hits here
+(`Store.array`, `Store.count_hits`).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ import functools
 import threading
 import types
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeAlias
 
 import jax
@@ -258,9 +265,9 @@ class Store:
         The one cache-hit path: every use (`jnp` calls, jit arguments, `x.on`,
         `frozenconst.jit`'s feeding) comes here, and a hit is one dict lookup.
         It inlines `_hoisting.tracing()` and `setting_key()`, the one inlined
-        copy of each: as calls they made a hit 0.05 us slower (0.40 against
-        0.34 us for `x.__jax_array__()`, 5% of a `jax.jit` call `g(x)`; jax
-        0.10.2, CPU, interleaved A/B medians).
+        copy of each: as calls they cost a measurable part of a hit (`python -m
+        benchmarks compare`, rows "cache hit ...: ratio to the one-slot floor";
+        the figures are in `docs/results/`).
         """
         if traced and _hoisting.active and _hoisting.scope.frames:
             value = _hoisting.resolve(self, sharding)
@@ -274,6 +281,15 @@ class Store:
         if STATE.accounting:
             self.hits += 1
         return array
+
+    @staticmethod
+    def count_hits(uses: Iterable[tuple[Store, Sharding | None]]) -> None:
+        """Count a cache hit for each constant of `uses`: the second cache tier's account
+        (`_groups.Group.arrays` feeds the arrays it fed last again, without asking
+        `array`), kept by the class that keeps the first tier's."""
+        if STATE.accounting:
+            for store, _ in uses:
+                store.hits += 1
 
     def _fill(self, key: Key) -> jax.Array:
         sharding = self.home if key[0] is None else key[0]

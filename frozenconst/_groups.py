@@ -9,7 +9,8 @@ A call's arrays come from two cache tiers. The first is `Store.array`: one
 device buffer per placement, a hit one dict lookup. The second is here:
 `Group.arrays` feeds the tuple it fed last (`Fed`) again while no device buffer
 was made or evicted since and the settings are the same, one check for the
-whole tuple; it counts each constant's hit itself, as the first tier would.
+whole tuple; it counts each constant's hit through `Store.count_hits`, the
+first tier's own accounting.
 """
 
 from __future__ import annotations
@@ -64,19 +65,17 @@ class Group(FedArrays):
     def arrays(self, args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
         """The arrays to pass for this group's constants in a call with these arguments.
 
-        The arrays fed last are fed again while no device buffer was made or
-        evicted since (`STATE.epoch`) and the settings are the same: one check
-        instead of a `Store.array` hit per constant. A call takes 0.75x the time
-        it takes with a hit per constant, with 100 constants of 4 KiB as
-        parameters, and 0.94x with one (84 against 112 us, and 15.1 against
-        15.7 us; jax 0.10.2, CPU, interleaved A/B medians). Their hits are
-        counted here, as `Store.array` would count them.
+        The second cache tier: the arrays fed last are fed again while no
+        device buffer was made or evicted since (`STATE.epoch`) and the settings
+        are the same, one check instead of a `Store.array` hit per constant (a
+        call is faster with it, the more so the more constants it feeds:
+        `python -m benchmarks compare`, row "frozenconst.jit per call: ratio to
+        jax.jit"). Their hits are counted by `Store.count_hits`, as the first
+        tier counts its own.
         """
         fed, key = self.fed, setting_key(None)
         if fed is not None and fed.epoch == STATE.epoch and fed.key == key and not tracing():
-            if STATE.accounting:
-                for store, _ in self.sources:
-                    store.hits += 1
+            Store.count_hits(self.sources)
             return fed.arrays
         epoch = STATE.epoch
         arrays = arrays_for(self.sources, args, kwargs)

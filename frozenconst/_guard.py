@@ -20,8 +20,8 @@ import jax
 import numpy as np
 
 from . import _compat
-from ._audit import _walk, _where  # pyright: ignore[reportPrivateUsage] - the audit's own walk
 from ._errors import CapturedNumpyConstantError, FrozenConstWarning
+from ._jaxprs import walk, where
 
 # One host array, by the memory it shows: a TypedNdArray view JAX made of a
 # user's array and the array itself are one constant.
@@ -76,7 +76,7 @@ def _numpy_constants(program: Any) -> list[tuple[_Key, np.ndarray, Any]]:
     if program is None:
         raise TypeError("the lowering function was called without a program in its `jaxpr` argument")
     found: dict[_Key, tuple[_Key, np.ndarray, Any]] = {}
-    for value, eqn in _walk(program):
+    for value, eqn in walk(program):
         host = _host_array(value)
         if host is not None and (key := _key(host)) not in found:
             found[key] = (key, host, eqn)
@@ -141,7 +141,7 @@ def _detach(guard: _Guard) -> None:
 def _line(host: np.ndarray, eqn: Any) -> str:
     aval = f"{host.dtype.name}[{','.join(map(str, host.shape))}]"
     return (
-        f"numpy {aval} ({host.nbytes} bytes) at {_where(eqn) or '?'}: raw NumPy constant captured "
+        f"numpy {aval} ({host.nbytes} bytes) at {where(eqn) or '?'}: raw NumPy constant captured "
         "by a traced function; fix: wrap it once in `frozenconst.FrozenConst`"
     )
 

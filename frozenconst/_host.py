@@ -11,10 +11,11 @@ array in the chain.
 The data starts on a 64-byte boundary: JAX's CPU backend aliases such buffers
 instead of copying them (jax #37830), which makes a CPU "device" copy free.
 For large arrays the destination is also placed at the source's offset within
-a 4 KiB page (rounded down to 64 bytes): a destination a few bytes *ahead* of
-the source modulo 4 KiB makes the copy's loads wait on its own stores (4K
-aliasing) and halved the copy's speed on this machine class (1.6 against
-4.0 GB/s for 256 MiB).
+a page (rounded down to 64 bytes): a destination a few bytes *ahead* of the
+source modulo the page size makes the copy's loads wait on its own stores (4K
+aliasing), which slows the copy of large arrays well below `np.copy`'s
+(`python -m benchmarks core`, table "Construction", rows of 64 MiB and more;
+the figures are in `docs/results/performance-results.md`).
 """
 
 from __future__ import annotations

@@ -32,9 +32,11 @@ from ._tracebacks import boundary, hide_own_frames
 
 # Under JAX's default constant pipeline, a FrozenConst of at most this many
 # bytes is captured as its device buffer, which JAX embeds in the program, as
-# `jax.jit` embeds a closed-over array: an executable parameter costs about
-# 0.4 us per call (jax 0.10.2 and 0.12.0.1, CPU), so a function holding
-# hundreds of small tables would pay more per call than their bytes are worth.
+# `jax.jit` embeds a closed-over array: each executable parameter adds to the
+# cost of every call (`python -m benchmarks compare`, row "frozenconst.jit per
+# call: ratio to jax.jit"; the figures are in `docs/results/`), so a function
+# holding hundreds of small tables would pay more per call than their bytes
+# are worth.
 # `frozenconst.audit` gives no advice below the same size.
 EMBED_MAX_BYTES = 1024
 
@@ -126,9 +128,9 @@ class JitWrapped:
             # Outside the inner `try`: inside another frozenconst.jit trace, feeding can
             # stop that trace (`Rediscover`), which is the outer call's to handle.
             consts = group.arrays(args, kwargs) if group.sources else _NOTHING
-            # `_call`, inlined: as a call it made every call 3% slower (`python -m
-            # benchmarks compare`, frozenconst.jit per call against jax.jit: a change
-            # of 1.037 against 1.007 inlined, 9 pairs each; jax 0.10.2, CPU).
+            # `_call`, inlined: as a call it made every call slower by more than
+            # the 3% bound (`python -m benchmarks compare`, row "frozenconst.jit
+            # per call: ratio to jax.jit").
             if self._donation_clash:
                 consts = self._not_donated(consts, args, kwargs)
             try:

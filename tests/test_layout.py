@@ -15,7 +15,7 @@ LAYERS = [
     ["_compat"],
     ["_dtypes"],
     ["_convert"],
-    ["_host", "_targets", "_argnums", "_hoisting", "_tracebacks"],
+    ["_host", "_targets", "_argnums", "_hoisting", "_tracebacks", "_jaxprs"],
     ["_cache"],
     ["_partial", "_derived", "_stats"],
     ["_frozen"],
