@@ -40,6 +40,15 @@ class NotAddressableError(FrozenConstValueError):
     """
 
 
+class FrozenConstRuntimeError(RuntimeError):
+    """Raised when `frozenconst` cannot finish what was asked, for reasons of the run, not of a value.
+
+    Example: a [`frozenconst.jit`][frozenconst.jit] call whose every trace met
+    constants it did not know (`jax.clear_caches()` running again and again
+    during the call).
+    """
+
+
 class CapturedNumpyConstantError(AssertionError):
     """Raised by [`no_numpy_constants`][frozenconst.no_numpy_constants] when a traced
     function captured a raw NumPy constant above its size threshold.
@@ -61,6 +70,7 @@ for _cls in (
     TracedValueError,
     FrozenConstValueError,
     NotAddressableError,
+    FrozenConstRuntimeError,
     CapturedNumpyConstantError,
     FrozenConstWarning,
 ):

@@ -24,6 +24,7 @@ from ._argnums import Argnums, shift
 from ._compat import (
     SIMPLIFIED_CONSTANTS,
 )
+from ._errors import FrozenConstRuntimeError, FrozenConstTypeError
 from ._frozen import FrozenConst
 from ._groups import Constants, Group
 from ._hoisting import Rediscover, Source
@@ -92,7 +93,7 @@ class JitWrapped:
         jit_kwargs = dict(jit_kwargs)
         embed_max_bytes = jit_kwargs.pop("embed_max_bytes", EMBED_MAX_BYTES)
         if isinstance(embed_max_bytes, bool) or not isinstance(embed_max_bytes, int) or embed_max_bytes < 0:
-            raise TypeError(
+            raise FrozenConstTypeError(
                 "frozenconst.jit's `embed_max_bytes` takes a non-negative int (bytes), but received "
                 f"{embed_max_bytes!r}. Pass 0 to pass every FrozenConst as a parameter."
             )
@@ -165,7 +166,7 @@ class JitWrapped:
                 return step(group, group.arrays(args, kwargs))
             except Rediscover:
                 continue
-        raise RuntimeError(
+        raise FrozenConstRuntimeError(
             f"frozenconst.jit traced {_MAX_ROUNDS} times and met FrozenConsts it did not know each "
             "time. This happens when `jax.clear_caches()` runs again and again during the call "
             "(each clears what the traces learned); otherwise it is a bug, please report it."
@@ -365,5 +366,7 @@ def jit(
     if fun is None:
         return functools.partial(jit, **jit_kwargs)
     if not callable(fun):
-        raise TypeError(f"frozenconst.jit needs a callable, but received a `{type(fun).__name__}`.")
+        raise FrozenConstTypeError(
+            f"frozenconst.jit needs a callable, but received a `{type(fun).__name__}`."
+        )
     return JitWrapped(fun, jit_kwargs)
