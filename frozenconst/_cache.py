@@ -107,10 +107,10 @@ def set_accounting(enabled: bool) -> None:
 # The key of a use of a constant: its declared sharding (None: the default
 # device), the `jax_default_device` setting, the x64 flag. Several keys can
 # resolve to one device buffer.
-Key: TypeAlias = tuple[Sharding | None, Any, Any]
+UseKey: TypeAlias = tuple[Sharding | None, Any, Any]
 
 
-def setting_key(sharding: Sharding | None) -> Key:
+def setting_key(sharding: Sharding | None) -> UseKey:
     """The key a use of a constant with this declared sharding has under the current settings.
 
     The one place that builds it; `Store.array` inlines it (see there).
@@ -140,12 +140,18 @@ LIVE: weakref.WeakSet[Store] = weakref.WeakSet()
 OWNERS: weakref.WeakValueDictionary[int, Store] = weakref.WeakValueDictionary()
 
 
-def owner_of(leaf: object) -> tuple[Store, Sharding | None] | None:
+def owner_of(leaf: object) -> Use | None:
     """The store and declared sharding whose cached array `leaf` is (the very object), if any."""
     store = OWNERS.get(id(leaf))
     if store is None:
         return None
     return store.sharding_of(leaf)
+
+
+# A use of a constant as `frozenconst.jit` passes it: its store, and the declared
+# sharding (None: the default device, or the computation's mesh; see
+# `_groups.arrays_for`).
+Use: TypeAlias = "tuple[Store, Sharding | None]"
 
 
 class Store:
@@ -195,7 +201,7 @@ class Store:
         self.transfers = 0
         LIVE.add(self)
         # `setting_key` -> array: what each use gets, one dict lookup.
-        self._served: dict[Key, jax.Array] = {}
+        self._served: dict[UseKey, jax.Array] = {}
         # (declared sharding or None, default device or None, device dtype) -> array:
         # the device buffers themselves.
         self._made: dict[tuple[Sharding | None, Device | None, np.dtype[Any]], jax.Array] = {}
@@ -283,7 +289,7 @@ class Store:
         return array
 
     @staticmethod
-    def count_hits(uses: Iterable[tuple[Store, Sharding | None]]) -> None:
+    def count_hits(uses: Iterable[Use]) -> None:
         """Count a cache hit for each constant of `uses`: the second cache tier's account
         (`_groups.Group.arrays` feeds the arrays it fed last again, without asking
         `array`), kept by the class that keeps the first tier's."""
@@ -291,7 +297,7 @@ class Store:
             for store, _ in uses:
                 store.hits += 1
 
-    def _fill(self, key: Key) -> jax.Array:
+    def _fill(self, key: UseKey) -> jax.Array:
         sharding = self.home if key[0] is None else key[0]
         dtype = jax.dtypes.canonicalize_dtype(self.dtype)
         device = _default_device(key[1]) if sharding is None else None
@@ -368,7 +374,7 @@ class Store:
             made = sorted(self._made.items(), key=lambda item: item[0][0] is not None)
         return [a for _, a in made if not a.is_deleted()]
 
-    def sharding_of(self, leaf: object) -> tuple[Store, Sharding | None] | None:
+    def sharding_of(self, leaf: object) -> Use | None:
         """(self, declared sharding) if `leaf` is one of this store's cached buffers, else None."""
         with self._lock:
             for (sharding, _, _), array in self._made.items():

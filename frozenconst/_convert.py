@@ -48,14 +48,14 @@ def _out_of_range(values: np.ndarray[Any, Any], lo: int, hi: int) -> Any:
 
 
 def value_check(
-    source: np.dtype[Any], target: np.dtype[Any], what: str
+    from_dtype: np.dtype[Any], to_dtype: np.dtype[Any], what: str
 ) -> Callable[[np.ndarray[Any, Any]], None] | None:
-    """How to check, block by block, that converting `source` data to `target` keeps
+    """How to check, block by block, that converting `from_dtype` data to `to_dtype` keeps
     every value (None when every value converts), or raise when no value would."""
-    s, t = numeric_kind(source), numeric_kind(target)
+    s, t = numeric_kind(from_dtype), numeric_kind(to_dtype)
     if s == "c" and t != "c":
         raise FrozenConstTypeError(
-            f"FrozenConst will not convert {what}, of dtype `{source}`, to `{target}`: that "
+            f"FrozenConst will not convert {what}, of dtype `{from_dtype}`, to `{to_dtype}`: that "
             "discards the imaginary parts (`jnp.asarray` refuses a complex Python value there). "
             "Pass `np.real(obj)` explicitly, or ask for a complex dtype."
         )
@@ -64,9 +64,9 @@ def value_check(
         # rounding to nearest (values beyond a float type's range become inf,
         # or NaN for the float8 types without inf).
         return None
-    lo, hi = int_range(target)
+    lo, hi = int_range(to_dtype)
     if s == "i":
-        src_lo, src_hi = int_range(source)
+        src_lo, src_hi = int_range(from_dtype)
         if lo <= src_lo and src_hi <= hi:
             return None
 
@@ -74,7 +74,7 @@ def value_check(
         bad = _out_of_range(block, lo, hi)
         if bad is not None:
             raise FrozenConstValueError(
-                f"FrozenConst cannot convert {what} to `{target}`: it holds {bad!r}, which `{target}` "
+                f"FrozenConst cannot convert {what} to `{to_dtype}`: it holds {bad!r}, which `{to_dtype}` "
                 f"cannot hold (its range is {lo} to {hi}; NaN and infinities have no integer value). "
                 "NumPy's cast would wrap it silently, and `jnp.asarray` refuses such Python values. "
                 "Convert the data yourself first (for example `np.clip`, `np.nan_to_num`, or "
@@ -239,9 +239,9 @@ def as_dtype(dtype: DTypeLike) -> np.dtype[Any]:
         ) from err
 
 
-def check_castable(source: np.dtype[Any], target: np.dtype[Any], what: str) -> None:
-    if not np.can_cast(source, target, casting="unsafe"):
+def check_castable(from_dtype: np.dtype[Any], to_dtype: np.dtype[Any], what: str) -> None:
+    if not np.can_cast(from_dtype, to_dtype, casting="unsafe"):
         raise FrozenConstTypeError(
-            f"FrozenConst cannot convert {what}, of dtype `{source}`, to `{target}`: NumPy has no "
+            f"FrozenConst cannot convert {what}, of dtype `{from_dtype}`, to `{to_dtype}`: NumPy has no "
             "such conversion. Convert it in two steps, through float32."
         )

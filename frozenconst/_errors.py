@@ -58,7 +58,8 @@ class CapturedNumpyConstantError(AssertionError):
 
 
 class FrozenConstWarning(UserWarning):
-    """Warns that frozenconst cannot do part of what was asked on this JAX version, and which part.
+    """Warns that frozenconst cannot do part of what was asked on this JAX version, and which
+    part; or that a name used is deprecated, and what replaces it.
 
     Example: [`no_numpy_constants`][frozenconst.no_numpy_constants] on a JAX
     whose compilations it cannot see checks nothing, and says so.

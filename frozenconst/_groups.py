@@ -27,10 +27,10 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ._argnums import Argnums
-from ._cache import FED, STATE, FedArrays, Store, setting_key
+from ._cache import FED, STATE, FedArrays, Store, Use, setting_key
 from ._compat import SIMPLIFIED_CONSTANTS, on_clear_caches, trace_identity, warn_degraded
-from ._frozen import FrozenConst, source_of
-from ._hoisting import Frame, Protocol, Source, tracing
+from ._frozen import FrozenConst, use_of
+from ._hoisting import Frame, Protocol, tracing
 from ._targets import mesh_of
 
 
@@ -41,10 +41,10 @@ class Group(FedArrays):
     grows, so a trace in progress in another thread still finds its prefix.
     """
 
-    __slots__ = ("fed", "lock", "reusable", "sources")
+    __slots__ = ("fed", "lock", "reusable", "uses")
 
-    def __init__(self, sources: list[Source]) -> None:
-        self.sources: list[Source] = []
+    def __init__(self, uses: list[Use]) -> None:
+        self.uses: list[Use] = []
         self.lock = threading.Lock()
         # Whether the arrays fed can be fed again while the settings and the
         # device caches stay the same (not where a mesh is followed, which
@@ -52,14 +52,14 @@ class Group(FedArrays):
         self.reusable = True
         # The arrays fed last, kept for the next call where `reusable`.
         self.fed: Fed | None = None
-        if sources:
-            self.add(sources)
+        if uses:
+            self.add(uses)
 
-    def add(self, pending: list[Source]) -> None:
+    def add(self, pending: list[Use]) -> None:
         """Make `pending` parameters of the traces to come."""
         with self.lock:
-            self.sources.extend(s for s in pending if s not in self.sources)
-            self.reusable = not _multi_device() or all(p is not None for _, p in self.sources)
+            self.uses.extend(s for s in pending if s not in self.uses)
+            self.reusable = not _multi_device() or all(p is not None for _, p in self.uses)
             self.fed = None
 
     def arrays(self, args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
@@ -75,10 +75,10 @@ class Group(FedArrays):
         """
         fed, key = self.fed, setting_key(None)
         if fed is not None and fed.epoch == STATE.epoch and fed.key == key and not tracing():
-            Store.count_hits(self.sources)
+            Store.count_hits(self.uses)
             return fed.arrays
         epoch = STATE.epoch
-        arrays = arrays_for(self.sources, args, kwargs)
+        arrays = arrays_for(self.uses, args, kwargs)
         if self.reusable and not tracing():
             self.fed = Fed(arrays, key, epoch)
             FED.add(self)
@@ -97,18 +97,18 @@ class Fed(NamedTuple):
     epoch: int
 
 
-def arrays_for(sources: Sequence[Source], args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
-    """The arrays to pass for `sources` in a call with these arguments (inside another
+def arrays_for(uses: Sequence[Use], args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
+    """The arrays to pass for `uses` in a call with these arguments (inside another
     `frozenconst.jit` trace: its parameters, through `Store.array`)."""
-    if _multi_device() and any(p is None for _, p in sources) and not tracing():
+    if _multi_device() and any(p is None for _, p in uses) and not tracing():
         # A constant with no declared sharding follows the computation's mesh,
         # replicated: passing a single-device buffer into a sharded computation
         # would make JAX move it on every call.
         mesh = mesh_of((args, kwargs))
         if mesh is not None:
             replicated = NamedSharding(mesh, _REPLICATED)
-            return tuple([store.array(replicated if p is None else p) for store, p in sources])
-    return tuple([store.array(p) for store, p in sources])
+            return tuple([store.array(replicated if p is None else p) for store, p in uses])
+    return tuple([store.array(p) for store, p in uses])
 
 
 # PartitionSpec's constructor is unannotated in jax 0.10.
@@ -185,7 +185,7 @@ class Constants(FedArrays):
                         self.single = found
         return found
 
-    def learn(self, frame: Frame, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def learn(self, frame: Frame[Store], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Keep what a trace of a call with these arguments met: the constants it captured, and
         those it met for the first time, parameters from the next trace on."""
         if frame.captured:
@@ -204,10 +204,10 @@ class Constants(FedArrays):
             self.groups.clear()
             self.single = None
 
-    def captures(self, source: Source) -> bool:
+    def captures(self, use: Use) -> bool:
         """Whether a trace takes this constant's device buffer, as `jax.jit` takes a closed-over
         array, rather than making it a parameter (see `EMBED_MAX_BYTES`, `SIMPLIFIED_CONSTANTS`)."""
-        store, sharding = source
+        store, sharding = use
         if math.prod(store.shape) * store.dtype.itemsize > self.capture_max:
             return False
         if sharding is not None:
@@ -231,14 +231,14 @@ class Constants(FedArrays):
         return len(self.groups)
 
 
-def visible_constants(fun: Callable[..., Any]) -> list[Source]:
+def visible_constants(fun: Callable[..., Any]) -> list[Use]:
     """The FrozenConsts `fun` closes over or names as globals (nested code included)."""
-    target: Any = inspect.unwrap(fun)
-    code = getattr(target, "__code__", None)
+    unwrapped: Any = inspect.unwrap(fun)
+    code = getattr(unwrapped, "__code__", None)
     if code is None:
         return []
     values: list[Any] = [
-        cell.cell_contents for cell in (getattr(target, "__closure__", None) or ()) if _filled(cell)
+        cell.cell_contents for cell in (getattr(unwrapped, "__closure__", None) or ()) if _filled(cell)
     ]
     names: set[str] = set()
     stack = [code]
@@ -246,14 +246,14 @@ def visible_constants(fun: Callable[..., Any]) -> list[Source]:
         current = stack.pop()
         names.update(current.co_names)
         stack.extend(c for c in current.co_consts if inspect.iscode(c))
-    module_globals = getattr(target, "__globals__", {})
+    module_globals = getattr(unwrapped, "__globals__", {})
     values += [module_globals[n] for n in names if n in module_globals]
-    found: list[Source] = []
+    found: list[Use] = []
     for value in values:
         if isinstance(value, FrozenConst) and value.is_concrete:
-            source = source_of(value)
-            if source not in found:
-                found.append(source)
+            use = use_of(value)
+            if use not in found:
+                found.append(use)
     return found
 
 

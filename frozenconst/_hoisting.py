@@ -46,10 +46,12 @@ import enum
 import itertools
 import threading
 import warnings
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeAlias
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+from typing import Protocol as Protocol_
 
 import jax
+import numpy as np
 from jax.sharding import Sharding
 
 from ._compat import (
@@ -63,19 +65,26 @@ from ._compat import (
 )
 from ._errors import FrozenConstWarning
 
-if TYPE_CHECKING:
-    # Only for annotations: the device cache (`_cache.Store.array`) asks this
-    # module what a constant is inside a trace, so it sits below the cache.
-    from ._cache import Store
-
 
 class Rediscover(Exception):
     """Internal: the trace is redone, with the constants it met as parameters, or isolated."""
 
 
-# A constant as frozenconst.jit passes it: its store, and its declared sharding
-# (None: the default device, or the computation's mesh; see `_groups.arrays_for`).
-Source: TypeAlias = "tuple[Store, Sharding | None]"
+class StoreLike(Protocol_):
+    """What the trace protocol reads of a constant's store. The store (`_cache.Store`) asks
+    this module what a constant is inside a trace, so this module sits below it and names
+    only these attributes."""
+
+    @property
+    def serial(self) -> int: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+
+
+# A store: `_cache.Store` where the protocol is used, read only through `StoreLike` here.
+S = TypeVar("S", bound=StoreLike)
 
 # Constants are numbered in order of creation: a trace takes a number when it
 # starts, and a constant numbered above it was made by that trace.
@@ -99,7 +108,7 @@ class NestedUse(enum.Enum):
 STOP, PARAMETER, BUFFER = NestedUse.STOP, NestedUse.PARAMETER, NestedUse.BUFFER
 
 
-class Frame:
+class Frame(Generic[S]):
     """One `frozenconst.jit` trace in progress.
 
     Attributes:
@@ -115,16 +124,19 @@ class Frame:
     __slots__ = ("captured", "captures", "inner", "known", "nested", "pending", "serial", "stops", "trace")
 
     def __init__(
-        self, known: dict[Source, Any], inner: NestedUse, captures: Callable[[Source], bool]
+        self,
+        known: dict[tuple[S, Sharding | None], Any],
+        inner: NestedUse,
+        captures: Callable[[tuple[S, Sharding | None]], bool],
     ) -> None:
         self.known = known
         self.inner = inner
         # Which constants resolve to their device buffers, as a closed-over
         # `jax.Array` does under `jax.jit` (`_groups.Constants.captures`).
         self.captures = captures
-        self.captured: list[Store] = []
-        self.pending: list[Source] = []
-        self.nested: list[Source] = []
+        self.captured: list[S] = []
+        self.pending: list[tuple[S, Sharding | None]] = []
+        self.nested: list[tuple[S, Sharding | None]] = []
         self.stops = 0
         self.trace = current_trace()
         # Constants numbered above this were made during the trace.
@@ -154,9 +166,9 @@ class Protocol:
     def trace(
         self,
         body: Callable[[], Any],
-        known: dict[Source, Any],
-        captures: Callable[[Source], bool],
-        learned: Callable[[Frame], None],
+        known: dict[tuple[S, Sharding | None], Any],
+        captures: Callable[[tuple[S, Sharding | None]], bool],
+        learned: Callable[[Frame[S]], None],
     ) -> Any:
         """`body()` traced with `known` constants as parameters; `learned(frame)` is told what the
         trace met. Raises `Rediscover` where the trace must be redone."""
@@ -197,8 +209,8 @@ class Protocol:
         return out
 
 
-def _warn_refused(sources: list[Source], err: Exception) -> None:
-    names = ", ".join(f"FrozenConst {s.dtype}{list(s.shape)}" for s, _ in sources)
+def _warn_refused(uses: Sequence[tuple[StoreLike, Sharding | None]], err: Exception) -> None:
+    names = ", ".join(f"FrozenConst {s.dtype}{list(s.shape)}" for s, _ in uses)
     reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
     warnings.warn(
         f"frozenconst.jit: JAX refused this program with {names} as a parameter used inside a "
@@ -212,7 +224,7 @@ def _warn_refused(sources: list[Source], err: Exception) -> None:
 
 class _Scope(threading.local):
     def __init__(self) -> None:
-        self.frames: list[Frame] = []
+        self.frames: list[Frame[Any]] = []
 
 
 scope = _Scope()
@@ -231,7 +243,7 @@ def tracing() -> bool:
     return active > 0 and bool(scope.frames)
 
 
-def enter(frame: Frame) -> None:
+def enter(frame: Frame[Any]) -> None:
     """Start resolving constants for `frame` in this thread."""
     global active
     with _active_lock:
@@ -247,19 +259,19 @@ def leave() -> None:
         active -= 1
 
 
-def resolve(store: Store, sharding: Sharding | None) -> jax.Array | None:
+def resolve(store: StoreLike, sharding: Sharding | None) -> jax.Array | None:
     """The value a constant stands for in this thread's innermost `frozenconst.jit` trace,
     or None where that is its own device buffer (which `Store.array` then serves)."""
     frame = scope.frames[-1]
     if store.serial > frame.serial:
         return None  # made by this trace: one of its own constants
-    source = (store, sharding)
-    if frame.captures(source):
+    use = (store, sharding)
+    if frame.captures(use):
         frame.captured.append(store)
         return None
     if current_trace() != frame.trace:
-        if source not in frame.nested:
-            frame.nested.append(source)
+        if use not in frame.nested:
+            frame.nested.append(use)
         if frame.inner is STOP:
             frame.stops += 1
             raise Rediscover  # stops the nested trace before JAX caches it
@@ -267,11 +279,11 @@ def resolve(store: Store, sharding: Sharding | None) -> jax.Array | None:
             if not trace_isolation:
                 _warn_embedded_once()
             return None
-    value = frame.known.get(source)
+    value = frame.known.get(use)
     if value is not None:
         return value  # type: ignore[no-any-return]
-    if source not in frame.pending:
-        frame.pending.append(source)
+    if use not in frame.pending:
+        frame.pending.append(use)
     return placeholder(store)
 
 
@@ -285,7 +297,7 @@ def _warn_embedded_once() -> None:
     )
 
 
-def placeholder(store: Store) -> jax.Array:
+def placeholder(store: StoreLike) -> jax.Array:
     """Zeros of the constant's shape and device dtype, made inside the current trace.
 
     A trace that meets a new constant is thrown away and redone, so what the

@@ -58,7 +58,7 @@ def frozen_copy(obj: Any, dtype: DTypeLike | None = None, what: str | None = Non
 
     Refused (with a `FrozenConstTypeError` or `FrozenConstValueError` naming what
     was received): anything `to_numpy` refuses, a conversion that would change a
-    value's integer (out of the target's range, NaN or infinite to an integer
+    value's integer (out of the requested dtype's range, NaN or infinite to an integer
     type) or drop imaginary parts, and integers JAX would wrap on the device
     under the current `jax_enable_x64`. Python data (scalars, nested sequences)
     converted by `dtype=` is converted element by element, as
@@ -111,19 +111,19 @@ def freeze(
         check_castable(src.dtype, dtype, what)  # some pairs of ml_dtypes types have no conversion
         check = value_check(src.dtype, dtype, what)
     nbytes = src.size * dtype.itemsize
-    source = None
+    src_address = None
     if nbytes >= _PAGE_MATCH_MIN_BYTES and src.flags.c_contiguous and src.dtype == dtype:
-        source = _address(src)
-    raw, window = _aligned(nbytes, source)
+        src_address = _address(src)
+    raw, window = _aligned(nbytes, src_address)
     if nbytes:
-        target = window.view(dtype).reshape(src.shape)
+        dest = window.view(dtype).reshape(src.shape)
         mapped = _read_only_map(src) if check is None and src.ndim and src.flags.c_contiguous else None
         if mapped is not None:
-            _copy_releasing(target, src, mapped)
+            _copy_releasing(dest, src, mapped)
         elif check is None:
-            np.copyto(target, src, casting="unsafe")
+            np.copyto(dest, src, casting="unsafe")
         else:
-            _checked_copy(target, src, check)
+            _checked_copy(dest, src, check)
     del raw
     return _hand_over(window, dtype, src.shape)
 
@@ -143,7 +143,7 @@ def _read_only_map(src: np.ndarray[Any, Any]) -> tuple[mmap.mmap, int] | None:
 
 
 def _copy_releasing(
-    target: np.ndarray[Any, Any], src: np.ndarray[Any, Any], mapped: tuple[mmap.mmap, int]
+    dest: np.ndarray[Any, Any], src: np.ndarray[Any, Any], mapped: tuple[mmap.mmap, int]
 ) -> None:
     # Block by block, handing each block's source pages back to the kernel once
     # copied (`MADV_DONTNEED` on a read-only file map drops them from this
@@ -155,7 +155,7 @@ def _copy_releasing(
     step = max(1, _RELEASE_BLOCK_BYTES // row_bytes)
     start_address = _address(src)
     for start in range(0, src.shape[0], step):
-        np.copyto(target[start : start + step], src[start : start + step], casting="unsafe")
+        np.copyto(dest[start : start + step], src[start : start + step], casting="unsafe")
         begin = start_address + start * row_bytes - base
         end = min(begin + step * row_bytes, len(mm))
         first = begin - begin % mmap.PAGESIZE
@@ -163,15 +163,17 @@ def _copy_releasing(
             mm.madvise(mmap.MADV_DONTNEED, first, end - first)
 
 
-def _aligned(nbytes: int, source: int | None = None) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+def _aligned(
+    nbytes: int, src_address: int | None = None
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """A fresh allocation and, inside it, a 64-byte aligned window of `nbytes` bytes.
 
-    With `source` (the address of the data to be copied in), the window sits at
+    With `src_address` (the address of the data to be copied in), the window sits at
     the source's offset within a 4 KiB page, rounded down to 64 bytes.
     """
-    if source is not None:
+    if src_address is not None:
         raw = np.empty(nbytes + _PAGE, np.uint8)
-        offset = (source - source % ALIGNMENT - _address(raw)) % _PAGE
+        offset = (src_address - src_address % ALIGNMENT - _address(raw)) % _PAGE
     else:
         raw = np.empty(nbytes + ALIGNMENT, np.uint8)
         offset = -_address(raw) % ALIGNMENT
@@ -196,15 +198,15 @@ def freeze_parts(
     already of `dtype` and of its index's shape, that together cover it."""
     raw, window = _aligned(math.prod(shape) * dtype.itemsize)
     if window.size:
-        target = window.view(dtype).reshape(shape)
+        dest = window.view(dtype).reshape(shape)
         for index, data in parts:
-            np.copyto(target[index], data)
+            np.copyto(dest[index], data)
     del raw
     return _hand_over(window, dtype, shape)
 
 
 def _checked_copy(
-    target: np.ndarray[Any, Any],
+    dest: np.ndarray[Any, Any],
     src: np.ndarray[Any, Any],
     check: Callable[[np.ndarray[Any, Any]], None],
 ) -> None:
@@ -214,14 +216,14 @@ def _checked_copy(
     if src.ndim == 0:
         block = np.array(src)
         check(block)
-        np.copyto(target, block, casting="unsafe")
+        np.copyto(dest, block, casting="unsafe")
         return
     row_bytes = max(1, src.itemsize * (src.size // src.shape[0]))
     step = max(1, _CHECKED_BLOCK_BYTES // row_bytes)
     for start in range(0, src.shape[0], step):
         block = np.array(src[start : start + step])
         check(block)
-        np.copyto(target[start : start + step], block, casting="unsafe")
+        np.copyto(dest[start : start + step], block, casting="unsafe")
 
 
 def human_bytes(nbytes: int) -> str:

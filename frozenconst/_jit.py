@@ -21,13 +21,14 @@ from typing import Any, overload
 import jax
 
 from ._argnums import Argnums, shift
+from ._cache import Use
 from ._compat import (
     SIMPLIFIED_CONSTANTS,
 )
 from ._errors import FrozenConstRuntimeError, FrozenConstTypeError
 from ._frozen import FrozenConst
 from ._groups import Constants, Group
-from ._hoisting import Rediscover, Source
+from ._hoisting import Rediscover
 from ._stages import Lowered, Traced, compiled
 from ._tracebacks import boundary, hide_own_frames
 
@@ -128,7 +129,7 @@ class JitWrapped:
             group = self._constants.single or self._constants.group(args, kwargs)
             # Outside the inner `try`: inside another frozenconst.jit trace, feeding can
             # stop that trace (`Rediscover`), which is the outer call's to handle.
-            consts = group.arrays(args, kwargs) if group.sources else _NOTHING
+            consts = group.arrays(args, kwargs) if group.uses else _NOTHING
             # `_call`, inlined: as a call it made every call slower by more than
             # the 3% bound (`python -m benchmarks compare`, row "frozenconst.jit
             # per call: ratio to jax.jit").
@@ -219,7 +220,7 @@ class JitWrapped:
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Like `jax.jit(f).lower`: the constants are parameters of the lowered program."""
         lowered: Lowered = self._again(
-            lambda g, c: Lowered(self._jitted.lower(c, *args, **kwargs), g.sources[: len(c)]),
+            lambda g, c: Lowered(self._jitted.lower(c, *args, **kwargs), g.uses[: len(c)]),
             args,
             kwargs,
         )
@@ -231,7 +232,7 @@ class JitWrapped:
         traced: Traced = self._again(
             lambda g, c: Traced(
                 self._jitted.trace(c, *args, **kwargs),
-                g.sources[: len(c)],
+                g.uses[: len(c)],
                 lambda: self._embedded().trace(*args, **kwargs),
             ),
             args,
@@ -256,9 +257,9 @@ class JitWrapped:
     @property
     def constants(self) -> int:
         """How many FrozenConsts this function passes as parameters, over its static configurations."""
-        seen: list[Source] = []
+        seen: list[Use] = []
         for group in list(self._constants.groups.values()):
-            seen.extend(s for s in group.sources if s not in seen)
+            seen.extend(s for s in group.uses if s not in seen)
         return len(seen)
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
@@ -277,7 +278,7 @@ def _make_traced(fun: Callable[..., Any], constants: Constants) -> Callable[...,
         group = constants.group(args, kwargs)
         return constants.protocol.trace(
             lambda: _resolved(fun(*args, **kwargs)),
-            dict(zip(group.sources, consts, strict=False)),
+            dict(zip(group.uses, consts, strict=False)),
             constants.captures,
             lambda frame: constants.learn(frame, args, kwargs),
         )

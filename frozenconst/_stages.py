@@ -14,10 +14,10 @@ from typing import Any
 import jax
 
 from ._argnums import Argnums, shift
+from ._cache import Use
 from ._compat import EXPORT_LOWERING
 from ._errors import FrozenConstTypeError
 from ._groups import arrays_for
-from ._hoisting import Source
 
 
 def compiled(traced: Callable[..., Any], kwargs: dict[str, Any], static: Argnums | None) -> Any:
@@ -71,9 +71,9 @@ class _PerArity:
 class _Stage:
     """A jax stage object with the constants bound, so it is used like the original's."""
 
-    def __init__(self, stage: Any, sources: list[Source]) -> None:
+    def __init__(self, stage: Any, uses: list[Use]) -> None:
         self._stage = stage
-        self._sources = list(sources)
+        self._uses = list(uses)
 
     def __getattr__(self, name: str) -> Any:
         # The stage's public attributes (`jaxpr`, `cost_analysis`, `out_info`, ...).
@@ -93,8 +93,8 @@ class _Stage:
 class Traced(_Stage):
     """`jax.stages.Traced` with the constants bound as parameters."""
 
-    def __init__(self, stage: Any, sources: list[Source], embedded: Callable[[], Any]) -> None:
-        super().__init__(stage, sources)
+    def __init__(self, stage: Any, uses: list[Use], embedded: Callable[[], Any]) -> None:
+        super().__init__(stage, uses)
         self._embedded = embedded
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
@@ -106,7 +106,7 @@ class Traced(_Stage):
             # `jaxpr` answers the exporter's reads that follow.
             self._stage = self._embedded()
             return self._stage.lower(*args, **kwargs)
-        return Lowered(self._stage.lower(*args, **kwargs), self._sources)
+        return Lowered(self._stage.lower(*args, **kwargs), self._uses)
 
 
 class Lowered(_Stage):
@@ -119,11 +119,11 @@ class Lowered(_Stage):
 
     def compile(self, *args: Any, **kwargs: Any) -> Compiled:
         """Compile the lowered program."""
-        return Compiled(self._stage.compile(*args, **kwargs), self._sources)
+        return Compiled(self._stage.compile(*args, **kwargs), self._uses)
 
 
 class Compiled(_Stage):
     """`jax.stages.Compiled`, called with the original arguments."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._stage(arrays_for(self._sources, args, kwargs), *args, **kwargs)
+        return self._stage(arrays_for(self._uses, args, kwargs), *args, **kwargs)

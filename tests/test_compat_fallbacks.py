@@ -185,7 +185,7 @@ def test_the_mesh_read_from_jaxs_state_when_get_mesh_is_missing(monkeypatch):
     mesh = jax.make_mesh((1,), ("x",))
     with _use_mesh(mesh):
         x = FrozenConst(np.arange(4.0), sharding=jax.sharding.PartitionSpec("x"))
-    assert x.sharding_target == jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+    assert x.declared_sharding == jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
     assert _compat.active_mesh() is None
 
 
