@@ -6,6 +6,11 @@ use or per executable by the simplified one. Passing the array as an argument
 avoids both, and is what every workaround converges on. `frozenconst.jit` does
 that rewrite for you: every FrozenConst the function reaches, however it
 reaches it, becomes a parameter fed from the constant's cached device buffer.
+
+This module is the wrapper and its call, as equinox's `_jit.py` is. What a
+function knows of its constants, per static configuration, and what a call
+feeds is `_groups`'; one trace and how constants resolve in it, `_hoisting`'s;
+`jax.jit` itself and JAX's stage objects, `_stages`'.
 """
 
 from __future__ import annotations
@@ -54,19 +59,21 @@ class JitWrapped:
 
     What it holds: the user's function; `_jitted`, `jax.jit` of that function
     with one parameter put first, the tuple of constants (`_make_traced`); and
-    `_constants`, what it knows of its constants: for each static configuration
-    a `Group`, the constants that are parameters there, in order.
+    `_constants` (`_groups.Constants`), what it knows of its constants: for each
+    static configuration a `Group`, the constants that are parameters there, in order.
 
     What one call does (`__call__`): find the call's group, take each of its
-    constants' cached device buffers (`Group.arrays`), and call `_jitted` with
+    constants' cached device buffers (`Group.arrays`: the tuple fed last while
+    nothing changed, else a `Store.array` per constant), and call `_jitted` with
     them in front of the arguments (`_call`).
 
     How a newly met constant gets in: the trace that meets it lets it stand in
     as zeros (`_hoisting.resolve`) and notes it; at the end of the trace
-    `Rediscover` is raised through `jax.jit`, so JAX caches nothing of that
-    trace; the constant joins the group, and the call is made again
-    (`_again`, then `_call`). A constant JAX takes as a closed-over buffer (`Constants.captures`)
-    never joins: the trace uses its buffer as `jax.jit` would.
+    (`_hoisting.Protocol.trace`) `Rediscover` is raised through `jax.jit`, so
+    JAX caches nothing of that trace; the constant joins the group, and the
+    call is made again (`_again`, then `_call`). A constant JAX takes as a
+    closed-over buffer (`Constants.captures`) never joins: the trace uses its
+    buffer as `jax.jit` would.
 
     Its own state lives in slots: `functools.update_wrapper` copies the wrapped
     callable's `__dict__` into ours, as `jax.jit` copies it, and a wrapper of
