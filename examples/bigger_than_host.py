@@ -66,7 +66,7 @@ def main(port: int, process_id: int, path: str) -> None:
             np.asarray(table)
         except NotAddressableError as err:
             assert "process_allgather" in str(err)
-        whole = multihost_utils.process_allgather(table.on(table.sharding_target), tiled=True)
+        whole = multihost_utils.process_allgather(table.on(table.declared_sharding), tiled=True)
         assert FrozenConst(np.asarray(whole)).fingerprint == FrozenConst(np.load(path)).fingerprint
         print(
             f"process {process_id} ok: holds {table.stats().host_bytes} of {table.nbytes} bytes", flush=True

@@ -51,11 +51,11 @@ def parse_shape(spec: str) -> Any:
     return struct
 
 
-def load(target: str) -> Callable[..., Any]:
+def load(qualified: str) -> Callable[..., Any]:
     """`package.module:function` or `path/to/file.py:function` (attributes may be dotted)."""
-    if ":" not in target:
-        raise SystemExit(f"error: expected MODULE:FUNCTION, got {target!r}")
-    where, name = target.rsplit(":", 1)
+    if ":" not in qualified:
+        raise SystemExit(f"error: expected MODULE:FUNCTION, got {qualified!r}")
+    where, name = qualified.rsplit(":", 1)
     if where.endswith(".py"):
         path = pathlib.Path(where).resolve()
         spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -71,7 +71,7 @@ def load(target: str) -> Callable[..., Any]:
     for part in name.split("."):
         obj = getattr(obj, part)
     if not callable(obj):
-        raise SystemExit(f"error: {target} is not callable")
+        raise SystemExit(f"error: {qualified} is not callable")
     fun: Callable[..., Any] = obj
     return fun
 
@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Trace MODULE:FUNCTION (without running or compiling it) and print every constant "
         "it captures, with each problem and its fix.",
     )
-    audit.add_argument("target", help="package.module:function or path/to/file.py:function")
+    audit.add_argument("function", help="package.module:function or path/to/file.py:function")
     audit.add_argument(
         "--shapes",
         nargs="*",
@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from . import audit as run_audit
 
-    report = run_audit(load(args.target), *args.shapes)
+    report = run_audit(load(args.function), *args.shapes)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report)
     return 1 if args.fail_on_problems and report.lines() else 0
 

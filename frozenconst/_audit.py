@@ -7,18 +7,18 @@ import hashlib
 import linecache
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Literal
 
 import jax
 import numpy as np
-from jax.extend import core as jex_core
-from jax.extend import source_info_util
 
 from ._cache import LIVE
+from ._compat import SIMPLIFIED_CONSTANTS
 from ._errors import FrozenConstTypeError, FrozenConstValueError
 from ._fingerprint import fingerprint
 from ._host import human_bytes
+from ._jaxprs import walk, where
 from ._jit import EMBED_MAX_BYTES
 
 Kind = Literal["numpy", "jax", "frozenconst"]
@@ -190,36 +190,7 @@ def _duplicate_groups(constants: tuple[CapturedConstant, ...]) -> list[list[Capt
 
 
 def _pipeline() -> str:
-    simplified = getattr(jax.config, "jax_use_simplified_jaxpr_constants", None)
-    if simplified is None:  # pragma: no cover - a JAX without the flag
-        simplified = os.environ.get("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS", "") not in ("", "0", "false")
-    return "simplified" if simplified else "default"
-
-
-def _walk(closed: Any) -> Iterator[tuple[Any, Any]]:
-    """(constant value, equation) for every reference to a constant, at every level."""
-    jaxpr = closed.jaxpr if hasattr(closed, "jaxpr") else closed
-    consts = dict(zip(jaxpr.constvars, getattr(closed, "consts", ()), strict=False))
-    for eqn in jaxpr.eqns:
-        for var in eqn.invars:
-            if isinstance(var, jex_core.Literal):
-                if np.ndim(var.val) > 0:
-                    yield var.val, eqn
-            elif var in consts:
-                yield consts[var], eqn
-        for param in eqn.params.values():
-            for sub in _sub_jaxprs(param):
-                yield from _walk(sub)
-
-
-def _sub_jaxprs(param: Any) -> Iterator[Any]:
-    # Closed jaxprs keep their own constants (an inner jax.jit's, on jax 0.10),
-    # which `jaxprs_in_params` would drop by yielding the open jaxpr only.
-    if isinstance(param, jex_core.ClosedJaxpr | jex_core.Jaxpr):
-        yield param
-    elif isinstance(param, tuple | list):
-        for item in param:
-            yield from _sub_jaxprs(item)
+    return "simplified" if SIMPLIFIED_CONSTANTS else "default"
 
 
 def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
@@ -260,7 +231,7 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
 
     found: dict[int, dict[str, Any]] = {}
     order: list[int] = []
-    for value, eqn in _walk(closed):
+    for value, eqn in walk(closed):
         key = id(value)
         entry = found.get(key)
         if entry is None:
@@ -271,7 +242,7 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
                 "kind": kind,
                 **_describe(value),
                 "uses": 0,
-                "first_use": _where(eqn),
+                "first_use": where(eqn),
                 "sliced_bytes": 0,
             }
             order.append(key)
@@ -323,14 +294,6 @@ def _static_slice_bytes(eqn: Any, so_far: int) -> int | None:
     aval = eqn.outvars[0].aval
     read: int = math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
     return max(so_far, read)
-
-
-def _where(eqn: Any) -> str | None:
-    try:
-        text = source_info_util.summarize(eqn.source_info)
-    except Exception:  # pragma: no cover - JAX recorded nothing usable
-        return None
-    return text or None
 
 
 # JAX's own words when `core.typeof` meets an object with `__jax_array__` that

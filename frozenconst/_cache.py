@@ -1,4 +1,11 @@
-"""The device cache: one `jax.Array` per placement, transferred once from the frozen host buffer."""
+"""The device cache: one `jax.Array` per placement, transferred once from the frozen host buffer.
+
+The first of two cache tiers: `Store.array`, the path every use of a constant
+takes, a hit one dict lookup. The second is `frozenconst.jit`'s
+(`_groups.Group.arrays`): the tuple of arrays a function fed last, fed again
+while nothing here changed (`STATE.epoch`). Both count their hits here
+(`Store.array`, `Store.count_hits`).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ import functools
 import threading
 import types
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeAlias
 
 import jax
@@ -17,9 +24,11 @@ from numpy.typing import DTypeLike
 
 from . import _hoisting
 from ._compat import DEFAULT_DEVICE, X64, Device, Tracer, eval_context
+from ._convert import as_dtype, check_narrowing
+from ._dtypes import native
 from ._fingerprint import fingerprint
 from ._hoisting import next_serial
-from ._host import as_dtype, check_narrowing, frozen_copy, human_bytes, native
+from ._host import frozen_copy, human_bytes
 from ._targets import Target, as_sharding
 
 _REPR_MAX_ELEMENTS = 64
@@ -114,10 +123,10 @@ def dtype_words(host_dtype: np.dtype[Any]) -> str:
 # The key of a use of a constant: its declared sharding (None: the default
 # device), the `jax_default_device` setting, the x64 flag. Several keys can
 # resolve to one device buffer.
-Key: TypeAlias = tuple[Sharding | None, Any, Any]
+UseKey: TypeAlias = tuple[Sharding | None, Any, Any]
 
 
-def setting_key(sharding: Sharding | None) -> Key:
+def setting_key(sharding: Sharding | None) -> UseKey:
     """The key a use of a constant with this declared sharding has under the current settings.
 
     The one place that builds it; `Store.array` inlines it (see there).
@@ -147,12 +156,18 @@ LIVE: weakref.WeakSet[Store] = weakref.WeakSet()
 OWNERS: weakref.WeakValueDictionary[int, Store] = weakref.WeakValueDictionary()
 
 
-def owner_of(leaf: object) -> tuple[Store, Sharding | None] | None:
+def owner_of(leaf: object) -> Use | None:
     """The store and declared sharding whose cached array `leaf` is (the very object), if any."""
     store = OWNERS.get(id(leaf))
     if store is None:
         return None
     return store.sharding_of(leaf)
+
+
+# A use of a constant as `frozenconst.jit` passes it: its store, and the declared
+# sharding (None: the default device, or the computation's mesh; see
+# `_groups.arrays_for`).
+Use: TypeAlias = "tuple[Store, Sharding | None]"
 
 
 class Store:
@@ -202,7 +217,7 @@ class Store:
         self.transfers = 0
         LIVE.add(self)
         # `setting_key` -> array: what each use gets, one dict lookup.
-        self._served: dict[Key, jax.Array] = {}
+        self._served: dict[UseKey, jax.Array] = {}
         # (declared sharding or None, default device or None, device dtype) -> array:
         # the device buffers themselves.
         self._made: dict[tuple[Sharding | None, Device | None, np.dtype[Any]], jax.Array] = {}
@@ -274,9 +289,9 @@ class Store:
         The one cache-hit path: every use (`jnp` calls, jit arguments, `x.on`,
         `frozenconst.jit`'s feeding) comes here, and a hit is one dict lookup.
         It inlines `_hoisting.tracing()` and `setting_key()`, the one inlined
-        copy of each: as calls they made a hit 0.05 us slower (0.40 against
-        0.34 us for `x.__jax_array__()`, 5% of a `jax.jit` call `g(x)`; jax
-        0.10.2, CPU, interleaved A/B medians).
+        copy of each: as calls they cost a measurable part of a hit (`python -m
+        benchmarks compare`, rows "cache hit ...: ratio to the one-slot floor";
+        the figures are in `docs/results/`).
         """
         if traced and _hoisting.active and _hoisting.scope.frames:
             value = _hoisting.resolve(self, sharding)
@@ -291,7 +306,16 @@ class Store:
             self.hits += 1
         return array
 
-    def _fill(self, key: Key) -> jax.Array:
+    @staticmethod
+    def count_hits(uses: Iterable[Use]) -> None:
+        """Count a cache hit for each constant of `uses`: the second cache tier's account
+        (`_groups.Group.arrays` feeds the arrays it fed last again, without asking
+        `array`), kept by the class that keeps the first tier's."""
+        if STATE.accounting:
+            for store, _ in uses:
+                store.hits += 1
+
+    def _fill(self, key: UseKey) -> jax.Array:
         sharding = self.home if key[0] is None else key[0]
         dtype = jax.dtypes.canonicalize_dtype(self.dtype)
         device = _default_device(key[1]) if sharding is None else None
@@ -368,7 +392,7 @@ class Store:
             made = sorted(self._made.items(), key=lambda item: item[0][0] is not None)
         return [a for _, a in made if not a.is_deleted()]
 
-    def sharding_of(self, leaf: object) -> tuple[Store, Sharding | None] | None:
+    def sharding_of(self, leaf: object) -> Use | None:
         """(self, declared sharding) if `leaf` is one of this store's cached buffers, else None."""
         with self._lock:
             for (sharding, _, _), array in self._made.items():

@@ -24,8 +24,9 @@ from jax.sharding import Sharding
 from numpy.typing import DTypeLike
 
 from ._cache import Store
+from ._convert import to_numpy
 from ._errors import FrozenConstTypeError
-from ._host import freeze, frozen_copy, to_numpy
+from ._host import freeze, frozen_copy
 
 
 class Derived:

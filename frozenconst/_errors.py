@@ -40,6 +40,15 @@ class NotAddressableError(FrozenConstValueError):
     """
 
 
+class FrozenConstRuntimeError(RuntimeError):
+    """Raised when `frozenconst` cannot finish what was asked, for reasons of the run, not of a value.
+
+    Example: a [`frozenconst.jit`][frozenconst.jit] call whose every trace met
+    constants it did not know (`jax.clear_caches()` running again and again
+    during the call).
+    """
+
+
 class CapturedNumpyConstantError(AssertionError):
     """Raised by [`no_numpy_constants`][frozenconst.no_numpy_constants] when a traced
     function captured a raw NumPy constant above its size threshold.
@@ -49,7 +58,8 @@ class CapturedNumpyConstantError(AssertionError):
 
 
 class FrozenConstWarning(UserWarning):
-    """Warns that frozenconst cannot do part of what was asked on this JAX version, and which part.
+    """Warns that frozenconst cannot do part of what was asked on this JAX version, and which
+    part; or that a name used is deprecated, and what replaces it.
 
     Example: [`no_numpy_constants`][frozenconst.no_numpy_constants] on a JAX
     whose compilations it cannot see checks nothing, and says so.
@@ -61,6 +71,7 @@ for _cls in (
     TracedValueError,
     FrozenConstValueError,
     NotAddressableError,
+    FrozenConstRuntimeError,
     CapturedNumpyConstantError,
     FrozenConstWarning,
 ):

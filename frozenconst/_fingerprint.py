@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
-# SHA-256: collision-resistant, and 1.37 GB/s on this machine class thanks to
-# the SHA instructions (sha1 1.49, md5 0.57, blake2b 0.51 GB/s; see
-# docs/benchmark-results.md). hashlib releases the GIL while it hashes.
+# SHA-256: collision-resistant, and on CPUs with SHA instructions as fast as
+# the weaker digests (`python -m benchmarks core`, table "Fingerprints"; the
+# figures are in docs/results/performance-results.md). hashlib releases the
+# GIL while it hashes.
 _ALGORITHM = "sha256"
 
 

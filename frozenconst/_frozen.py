@@ -12,10 +12,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 from numpy.typing import ArrayLike, DTypeLike
 
-from ._cache import Placement, Store, device_dtype, owner_of
+from ._cache import Placement, Store, Use, device_dtype, owner_of
 from ._derived import Derived
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
-from ._hoisting import Source
 from ._host import frozen_copy
 from ._partial import from_callback, from_source, lazily_sliceable
 from ._stats import ConstStats, const_stats
@@ -260,8 +259,30 @@ class FrozenConst(_StaticBase):
         return FrozenConst._of(store, store.declare(target))
 
     @property
+    def declared_sharding(self) -> jax.sharding.Sharding | None:
+        """The declared sharding (from `sharding=` or `placed`), or None to follow `jax.default_device`.
+
+        Example:
+            >>> import jax, numpy as np
+            >>> from frozenconst import FrozenConst
+            >>> x = FrozenConst(np.zeros(4, np.float32))
+            >>> x.declared_sharding is None
+            True
+            >>> device = jax.devices()[0]
+            >>> x.placed(device).declared_sharding == jax.sharding.SingleDeviceSharding(device)
+            True
+        """
+        return self._sharding
+
+    @property
     def sharding_target(self) -> jax.sharding.Sharding | None:
-        """The declared sharding (from `sharding=` or `placed`), or None to follow `jax.default_device`."""
+        """Deprecated: `declared_sharding`, under its old name (it returns a sharding, not a target)."""
+        warnings.warn(
+            "`x.sharding_target` is deprecated: it returns the declared sharding, so it is now "
+            "`x.declared_sharding`. Use that name; this one will be removed.",
+            FrozenConstWarning,
+            stacklevel=2,
+        )
         return self._sharding
 
     @property
@@ -616,7 +637,7 @@ def adopt_host(host: np.ndarray[Any, Any]) -> FrozenConst:
     return FrozenConst._of(Store(host))  # pyright: ignore[reportPrivateUsage] - its own class's constructor
 
 
-def source_of(x: FrozenConst) -> Source:
+def use_of(x: FrozenConst) -> Use:
     """What `frozenconst.jit` passes for the constant `x`: its store and declared sharding."""
     return x._store.constant("frozenconst.jit"), x._sharding  # pyright: ignore[reportPrivateUsage]
 

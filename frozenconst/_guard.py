@@ -20,12 +20,12 @@ import jax
 import numpy as np
 
 from . import _compat
-from ._audit import _walk, _where  # pyright: ignore[reportPrivateUsage] - the audit's own walk
 from ._errors import CapturedNumpyConstantError, FrozenConstWarning
+from ._jaxprs import walk, where
 
 # One host array, by the memory it shows: a TypedNdArray view JAX made of a
 # user's array and the array itself are one constant.
-_Key = tuple[Any, ...]
+_BufferId = tuple[Any, ...]
 
 
 class _Guard:
@@ -37,9 +37,9 @@ class _Guard:
         self.blind: list[str] = []  # programs that could not be inspected, and why
         # Reported arrays stay referenced until the block ends, so their keys
         # (memory addresses) cannot be reused by another array meanwhile.
-        self._reported: dict[_Key, np.ndarray] = {}
+        self._reported: dict[_BufferId, np.ndarray] = {}
 
-    def record(self, found: Sequence[tuple[_Key, np.ndarray, Any]]) -> None:
+    def record(self, found: Sequence[tuple[_BufferId, np.ndarray, Any]]) -> None:
         for key, host, eqn in found:
             if host.nbytes > self.max_bytes and key not in self._reported:
                 self._reported[key] = host
@@ -67,16 +67,16 @@ def _host_array(value: Any) -> np.ndarray | None:
     return None if host.dtype == object else host
 
 
-def _key(host: np.ndarray) -> _Key:
+def _key(host: np.ndarray) -> _BufferId:
     return (host.__array_interface__["data"][0], host.shape, host.strides, host.dtype.str)
 
 
-def _numpy_constants(program: Any) -> list[tuple[_Key, np.ndarray, Any]]:
+def _numpy_constants(program: Any) -> list[tuple[_BufferId, np.ndarray, Any]]:
     """Each distinct host-array constant of `program`, with the equation that first uses it."""
     if program is None:
         raise TypeError("the lowering function was called without a program in its `jaxpr` argument")
-    found: dict[_Key, tuple[_Key, np.ndarray, Any]] = {}
-    for value, eqn in _walk(program):
+    found: dict[_BufferId, tuple[_BufferId, np.ndarray, Any]] = {}
+    for value, eqn in walk(program):
         host = _host_array(value)
         if host is not None and (key := _key(host)) not in found:
             found[key] = (key, host, eqn)
@@ -141,7 +141,7 @@ def _detach(guard: _Guard) -> None:
 def _line(host: np.ndarray, eqn: Any) -> str:
     aval = f"{host.dtype.name}[{','.join(map(str, host.shape))}]"
     return (
-        f"numpy {aval} ({host.nbytes} bytes) at {_where(eqn) or '?'}: raw NumPy constant captured "
+        f"numpy {aval} ({host.nbytes} bytes) at {where(eqn) or '?'}: raw NumPy constant captured "
         "by a traced function; fix: wrap it once in `frozenconst.FrozenConst`"
     )
 

@@ -25,34 +25,66 @@ function is traced again, and from then on always, in a trace context of its
 own (`_compat.trace_context`). On a JAX without that hook, such uses stay
 concrete buffers (correct, embedded by JAX's default pipeline).
 
+How a use inside a nested trace resolves is a per-function state,
+`NestedUse`, which only `Protocol.trace` moves, at the end of a trace:
+
+| state       | a use inside a nested trace     | moves to, when                                       |
+|-------------|---------------------------------|------------------------------------------------------|
+| `STOP`      | stops the trace (`Rediscover`)  | `PARAMETER`: a trace ended with such a use           |
+| `PARAMETER` | the parameter, closed over      | `BUFFER`: JAX refused the program with it (warned)   |
+| `BUFFER`    | the device buffer, as `jax.jit` | nothing: final                                       |
+
+A function starts in `STOP`, or in `BUFFER` on a JAX that cannot isolate
+traces (`_compat.trace_isolation`).
+
 The frames are per thread: JAX traces on the calling thread.
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeAlias
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+from typing import Protocol as Protocol_
 
 import jax
+import numpy as np
 from jax.sharding import Sharding
 
-from ._compat import current_trace, trace_isolation, warn_degraded
-
-if TYPE_CHECKING:
-    # Only for annotations: the device cache (`_cache.Store.array`) asks this
-    # module what a constant is inside a trace, so it sits below the cache.
-    from ._cache import Store
+from ._compat import (
+    current_trace,
+    renew_shared_trace_context,
+    shared_trace_context,
+    trace_context,
+    trace_isolation,
+    unique_trace_context,
+    warn_degraded,
+)
+from ._errors import FrozenConstWarning
 
 
 class Rediscover(Exception):
     """Internal: the trace is redone, with the constants it met as parameters, or isolated."""
 
 
-# A constant as frozenconst.jit passes it: its store, and its declared sharding
-# (None: the default device, or the computation's mesh; see `_jit.arrays_for`).
-Source: TypeAlias = "tuple[Store, Sharding | None]"
+class StoreLike(Protocol_):
+    """What the trace protocol reads of a constant's store. The store (`_cache.Store`) asks
+    this module what a constant is inside a trace, so this module sits below it and names
+    only these attributes."""
+
+    @property
+    def serial(self) -> int: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+
+
+# A store: `_cache.Store` where the protocol is used, read only through `StoreLike` here.
+S = TypeVar("S", bound=StoreLike)
 
 # Constants are numbered in order of creation: a trace takes a number when it
 # starts, and a constant numbered above it was made by that trace.
@@ -64,21 +96,26 @@ def next_serial() -> int:
     return next(_SERIALS)
 
 
-# How a constant used inside a trace nested in a `frozenconst.jit` trace resolves:
-STOP = "stop"  # the trace is not isolated: stop it, to be redone isolated
-PARAMETER = "parameter"  # the trace is isolated: the parameter, closed over by the inner trace
-BUFFER = "buffer"  # JAX refused that: the device buffer, as `jax.jit` would capture it
+class NestedUse(enum.Enum):
+    """How a constant used inside a trace nested in a `frozenconst.jit` trace resolves
+    (the table in this module's docstring says when each moves to the next)."""
+
+    STOP = "stop"  # the trace is not isolated: stop it, to be redone isolated
+    PARAMETER = "parameter"  # the trace is isolated: the parameter, closed over by the inner trace
+    BUFFER = "buffer"  # JAX refused that: the device buffer, as `jax.jit` would capture it
 
 
-class Frame:
+STOP, PARAMETER, BUFFER = NestedUse.STOP, NestedUse.PARAMETER, NestedUse.BUFFER
+
+
+class Frame(Generic[S]):
     """One `frozenconst.jit` trace in progress.
 
     Attributes:
         known: each known constant's parameter in this trace.
         captures: which constants resolve to their buffers.
         captured: the stores of the constants that did.
-        inner: how a constant used inside a nested trace resolves (`STOP`,
-            `PARAMETER` or `BUFFER`).
+        inner: how a constant used inside a nested trace resolves (`NestedUse`).
         pending: constants met for the first time, to be parameters next time.
         nested: the constants used inside nested traces.
         stops: how many times a nested trace was stopped (`STOP`).
@@ -86,15 +123,20 @@ class Frame:
 
     __slots__ = ("captured", "captures", "inner", "known", "nested", "pending", "serial", "stops", "trace")
 
-    def __init__(self, known: dict[Source, Any], inner: str, captures: Callable[[Source], bool]) -> None:
+    def __init__(
+        self,
+        known: dict[tuple[S, Sharding | None], Any],
+        inner: NestedUse,
+        captures: Callable[[tuple[S, Sharding | None]], bool],
+    ) -> None:
         self.known = known
         self.inner = inner
         # Which constants resolve to their device buffers, as a closed-over
-        # `jax.Array` does under `jax.jit` (`_jit._Constants.captures`).
+        # `jax.Array` does under `jax.jit` (`_groups.Constants.captures`).
         self.captures = captures
-        self.captured: list[Store] = []
-        self.pending: list[Source] = []
-        self.nested: list[Source] = []
+        self.captured: list[S] = []
+        self.pending: list[tuple[S, Sharding | None]] = []
+        self.nested: list[tuple[S, Sharding | None]] = []
         self.stops = 0
         self.trace = current_trace()
         # Constants numbered above this were made during the trace.
@@ -103,12 +145,86 @@ class Frame:
     @property
     def redo(self) -> bool:
         """Whether this trace must be thrown away and done again."""
-        return bool(self.pending) or (self.inner == STOP and bool(self.nested))
+        return bool(self.pending) or (self.inner is STOP and bool(self.nested))
+
+
+class Protocol:
+    """What one `frozenconst.jit` function's traces learned of nested uses: the one owner of
+    its `NestedUse` state, which only `trace` moves (the table in the module docstring).
+
+    Attributes:
+        inner: how a constant used inside a nested trace resolves in this function's traces.
+        refusal: why JAX refused the program with a parameter in a nested trace, until warned.
+    """
+
+    __slots__ = ("inner", "refusal")
+
+    def __init__(self) -> None:
+        self.inner = STOP if trace_isolation else BUFFER
+        self.refusal: Exception | None = None
+
+    def trace(
+        self,
+        body: Callable[[], Any],
+        known: dict[tuple[S, Sharding | None], Any],
+        captures: Callable[[tuple[S, Sharding | None]], bool],
+        learned: Callable[[Frame[S]], None],
+    ) -> Any:
+        """`body()` traced with `known` constants as parameters; `learned(frame)` is told what the
+        trace met. Raises `Rediscover` where the trace must be redone."""
+        frame = Frame(known, self.inner, captures)
+        context = shared_trace_context() if frame.inner is STOP else unique_trace_context()
+        stopped = 0  # stops that reached this function (not caught on the way)
+        enter(frame)
+        try:
+            with trace_context(context):
+                out = body()
+        except Exception as err:
+            stopped = int(isinstance(err, Rediscover))
+            if frame.inner is STOP and frame.nested:
+                out = None  # the nested trace was stopped: redone isolated, below
+            elif frame.inner is PARAMETER and frame.nested and not frame.pending:
+                # JAX may refuse a parameter closed over by an inner trace
+                # (`shard_map` over `Explicit` mesh axes refuses closed-over
+                # sharded inputs): give those constants what jax.jit would.
+                self.inner, self.refusal = BUFFER, err
+                raise Rediscover from err
+            else:
+                raise
+        finally:
+            leave()
+            learned(frame)
+            if frame.inner is STOP and frame.nested:
+                self.inner = PARAMETER
+            if frame.stops > stopped:
+                # User code caught a stop (`except Exception:` around a nested
+                # use) and the inner trace went on: JAX may have cached it with
+                # this trace's tracer inside. Nothing traced later reuses it.
+                renew_shared_trace_context()
+        if frame.redo:
+            raise Rediscover
+        if frame.inner is BUFFER and frame.nested and self.refusal is not None:
+            _warn_refused(frame.nested, self.refusal)
+            self.refusal = None
+        return out
+
+
+def _warn_refused(uses: Sequence[tuple[StoreLike, Sharding | None]], err: Exception) -> None:
+    names = ", ".join(f"FrozenConst {s.dtype}{list(s.shape)}" for s, _ in uses)
+    reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    warnings.warn(
+        f"frozenconst.jit: JAX refused this program with {names} as a parameter used inside a "
+        f"nested trace ({type(err).__name__}: {reason}). It is captured there as jax.jit would "
+        "capture it: its device buffer, embedded in the program by JAX's default constant "
+        "pipeline. Pass it to the inner function as an argument to keep it out.",
+        FrozenConstWarning,
+        stacklevel=5,
+    )
 
 
 class _Scope(threading.local):
     def __init__(self) -> None:
-        self.frames: list[Frame] = []
+        self.frames: list[Frame[Any]] = []
 
 
 scope = _Scope()
@@ -127,7 +243,7 @@ def tracing() -> bool:
     return active > 0 and bool(scope.frames)
 
 
-def enter(frame: Frame) -> None:
+def enter(frame: Frame[Any]) -> None:
     """Start resolving constants for `frame` in this thread."""
     global active
     with _active_lock:
@@ -143,31 +259,31 @@ def leave() -> None:
         active -= 1
 
 
-def resolve(store: Store, sharding: Sharding | None) -> jax.Array | None:
+def resolve(store: StoreLike, sharding: Sharding | None) -> jax.Array | None:
     """The value a constant stands for in this thread's innermost `frozenconst.jit` trace,
     or None where that is its own device buffer (which `Store.array` then serves)."""
     frame = scope.frames[-1]
     if store.serial > frame.serial:
         return None  # made by this trace: one of its own constants
-    source = (store, sharding)
-    if frame.captures(source):
+    use = (store, sharding)
+    if frame.captures(use):
         frame.captured.append(store)
         return None
     if current_trace() != frame.trace:
-        if source not in frame.nested:
-            frame.nested.append(source)
-        if frame.inner == STOP:
+        if use not in frame.nested:
+            frame.nested.append(use)
+        if frame.inner is STOP:
             frame.stops += 1
             raise Rediscover  # stops the nested trace before JAX caches it
-        if frame.inner == BUFFER:
+        if frame.inner is BUFFER:
             if not trace_isolation:
                 _warn_embedded_once()
             return None
-    value = frame.known.get(source)
+    value = frame.known.get(use)
     if value is not None:
         return value  # type: ignore[no-any-return]
-    if source not in frame.pending:
-        frame.pending.append(source)
+    if use not in frame.pending:
+        frame.pending.append(use)
     return placeholder(store)
 
 
@@ -181,7 +297,7 @@ def _warn_embedded_once() -> None:
     )
 
 
-def placeholder(store: Store) -> jax.Array:
+def placeholder(store: StoreLike) -> jax.Array:
     """Zeros of the constant's shape and device dtype, made inside the current trace.
 
     A trace that meets a new constant is thrown away and redone, so what the

@@ -7,8 +7,10 @@ import weakref
 
 from numpy.typing import ArrayLike, DTypeLike
 
+from ._convert import as_dtype
+from ._dtypes import native
 from ._frozen import FrozenConst, adopt_host
-from ._host import as_dtype, frozen_copy, native
+from ._host import frozen_copy
 
 _TABLE: weakref.WeakValueDictionary[str, FrozenConst] = weakref.WeakValueDictionary()
 _LOCK = threading.Lock()

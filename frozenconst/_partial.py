@@ -24,39 +24,31 @@ from numpy.typing import DTypeLike
 
 from ._cache import Store
 from ._compat import Device
+from ._convert import as_dtype, check_narrowing, to_numpy
+from ._dtypes import check_dtype, native
 from ._errors import FrozenConstValueError, NotAddressableError
-from ._host import (
-    as_dtype,
-    check_dtype,
-    check_narrowing,
-    freeze,
-    freeze_parts,
-    frozen_copy,
-    human_bytes,
-    native,
-    to_numpy,
-)
+from ._host import freeze, freeze_parts, frozen_copy, human_bytes
 from ._targets import Target
 
 # An index as (start, stop) per axis: hashable, and the same for equal slices
 # however JAX spelled them (`slice(None)` or `slice(0, n)`).
-Key: TypeAlias = tuple[tuple[int, int], ...]
+Bounds: TypeAlias = tuple[tuple[int, int], ...]
 # What `jax.make_array_from_callback` passes its callback: one slice per axis.
 Index: TypeAlias = tuple[slice, ...]
 
-_GATHER = "jax.experimental.multihost_utils.process_allgather(x.on(x.sharding_target), tiled=True)"
+_GATHER = "jax.experimental.multihost_utils.process_allgather(x.on(x.declared_sharding), tiled=True)"
 
 
-def _key(index: Index, shape: tuple[int, ...]) -> Key:
+def _key(index: Index, shape: tuple[int, ...]) -> Bounds:
     # JAX's shardings give contiguous slices (step 1) along every axis.
     return tuple(s.indices(n)[:2] for s, n in zip(index, shape, strict=True))
 
 
-def _index(key: Key) -> Index:
+def _index(key: Bounds) -> Index:
     return tuple(slice(a, b) for a, b in key)
 
 
-def describe(key: Key, shape: tuple[int, ...]) -> str:
+def describe(key: Bounds, shape: tuple[int, ...]) -> str:
     """An index in NumPy's words: `[0:32, :]`."""
     parts = [":" if (a, b) == (0, n) else f"{a}:{b}" for (a, b), n in zip(key, shape, strict=True)]
     return f"[{', '.join(parts)}]"
@@ -74,7 +66,7 @@ def lazily_sliceable(obj: object) -> bool:
     return isinstance(obj, mmap.mmap)
 
 
-def _addressable(sharding: Sharding, shape: tuple[int, ...]) -> dict[Device, Key]:
+def _addressable(sharding: Sharding, shape: tuple[int, ...]) -> dict[Device, Bounds]:
     indices: dict[Device, Index] = sharding.addressable_devices_indices_map(shape)  # type: ignore[assignment]
     return {device: _key(index, shape) for device, index in indices.items()}
 
@@ -86,10 +78,10 @@ class PartialStore(Store):
     Attributes:
         home: the declared sharding the slices were chosen by.
         slices: the frozen host buffer of each distinct addressable index.
-        source: where the data came from, in words, for messages.
+        built_from: where the data came from, in words, for messages.
     """
 
-    __slots__ = ("_home", "slices", "source")
+    __slots__ = ("_home", "built_from", "slices")
 
     partial = True
 
@@ -98,12 +90,12 @@ class PartialStore(Store):
         shape: tuple[int, ...],
         dtype: np.dtype[Any],
         home: Sharding,
-        slices: dict[Key, np.ndarray[Any, Any]],
-        source: str,
+        slices: dict[Bounds, np.ndarray[Any, Any]],
+        built_from: str,
     ) -> None:
         self._home = home
         self.slices = slices
-        self.source = source
+        self.built_from = built_from
         self._setup(shape, dtype)
 
     @property
@@ -139,22 +131,26 @@ class PartialStore(Store):
             f"holds {self.held()}, {human_bytes(self.host_nbytes)})"
         )
 
-    def _not_whole(self, what: str) -> NotAddressableError:
-        extra = ""
-        if what == "x.fingerprint":
-            extra = (
-                " A fingerprint is a SHA-256 over the whole data in order, which digests of "
-                "separate slices cannot be combined into; fingerprint the gathered array "
-                "(`FrozenConst(gathered).fingerprint`, the same value on every process)."
-            )
+    @property
+    def fingerprint(self) -> str:
+        """Refused: a digest of the whole data, which no process holds."""
+        raise self._not_whole(
+            "x.fingerprint",
+            " A fingerprint is a SHA-256 over the whole data in order, which digests of "
+            "separate slices cannot be combined into; fingerprint the gathered array "
+            "(`FrozenConst(gathered).fingerprint`, the same value on every process).",
+        )
+
+    def _not_whole(self, what: str, extra: str = "") -> NotAddressableError:
+        """The refusal of `what` (an operation, in words), with `extra` said after the advice."""
         return NotAddressableError(
             f"`{what}` needs the whole constant ({self.dtype}{list(self.shape)}), but process "
             f"{jax.process_index()} of {jax.process_count()} holds only the slices its devices address "
             f"under {self.home}: {self.held()} ({self.host_nbytes} bytes). It was built from "
-            f"{self.source} with a sharding that spans several processes, so no process holds it "
+            f"{self.built_from} with a sharding that spans several processes, so no process holds it "
             f"whole. Gather it with a collective that every process calls, `{_GATHER}` (each "
             "process then holds the whole constant), or work on this process's slices: "
-            f"`[(s.index, s.data) for s in x.on(x.sharding_target).addressable_shards]`.{extra}"
+            f"`[(s.index, s.data) for s in x.on(x.declared_sharding).addressable_shards]`.{extra}"
         )
 
     # -- the device side ---------------------------------------------------------
@@ -183,13 +179,13 @@ class PartialStore(Store):
                 f"`x.on({sharding})` needs slices this process does not hold: {', '.join(missing)}. "
                 f"Process {jax.process_index()} holds only {self.held()}, the slices its devices "
                 f"address under the declared sharding {self.home}; the constant was built from "
-                f"{self.source}, and no process holds it whole. Reshard the array it holds with a "
+                f"{self.built_from}, and no process holds it whole. Reshard the array it holds with a "
                 "collective every process calls, `jax.jit(lambda a: a, out_shardings=target)"
-                "(x.on(x.sharding_target))`, or build the constant with the sharding you need."
+                "(x.on(x.declared_sharding))`, or build the constant with the sharding you need."
             )
         return found
 
-    def _within(self, key: Key) -> np.ndarray[Any, Any] | None:
+    def _within(self, key: Bounds) -> np.ndarray[Any, Any] | None:
         # A finer sharding (8 slices where 4 are held) is served by views.
         for held, part in self.slices.items():
             if all(h0 <= k0 and k1 <= h1 for (h0, h1), (k0, k1) in zip(held, key, strict=True)):
@@ -220,7 +216,7 @@ def from_source(
     view = to_numpy(array, dtype, what)  # validated, still a view of the map
     want = native(view.dtype if dtype is None else as_dtype(dtype))
     device_dtype = jax.dtypes.canonicalize_dtype(want)
-    slices: dict[Key, np.ndarray[Any, Any]] = {}
+    slices: dict[Bounds, np.ndarray[Any, Any]] = {}
     for key in _addressable(home, view.shape).values():
         if key not in slices:
             part = freeze(view[_index(key)], want, what)
@@ -239,7 +235,7 @@ def from_callback(
     want = native(as_dtype(dtype))
     check_dtype(want, "the data `data_callback` returns", requested=True)
     full = tuple(int(n) for n in shape)
-    slices: dict[Key, np.ndarray[Any, Any]] = {}
+    slices: dict[Bounds, np.ndarray[Any, Any]] = {}
     indices: dict[Device, Index] = sharding.addressable_devices_indices_map(full)  # type: ignore[assignment]
     for index in indices.values():
         key = _key(index, full)
@@ -254,7 +250,7 @@ def from_callback(
 def _slice_from(
     data_callback: Callable[[Index], Any],
     index: Index,
-    key: Key,
+    key: Bounds,
     shape: tuple[int, ...],
     dtype: np.dtype[Any],
 ) -> np.ndarray[Any, Any]:

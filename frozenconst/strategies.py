@@ -35,8 +35,8 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from ._compat import X64
+from ._dtypes import SUPPORTED_DTYPES, supported
 from ._frozen import FrozenConst
-from ._host import SUPPORTED_DTYPES, supported
 
 __all__ = ["frozen_consts", "jax_dtypes"]
 

@@ -178,7 +178,7 @@ def run(num_processes, path):
         with pytest.raises(NotAddressableError, match="out_shardings"):
             x.placed(other)
     # The collective the message names reshards it.
-    columns = jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, P(None, "x")))(x.on(x.sharding_target))
+    columns = jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, P(None, "x")))(x.on(x.declared_sharding))
     for shard in columns.addressable_shards:
         np.testing.assert_array_equal(np.asarray(shard.data), data[shard.index], strict=True)
 
@@ -188,7 +188,7 @@ def run(num_processes, path):
             attempt()
     with pytest.raises(NotAddressableError, match=r"FrozenConst\(x, dtype="):
         FrozenConst(x, dtype=np.float16)
-    gathered = np.asarray(multihost_utils.process_allgather(x.on(x.sharding_target), tiled=True))
+    gathered = np.asarray(multihost_utils.process_allgather(x.on(x.declared_sharding), tiled=True))
     np.testing.assert_array_equal(gathered, data, strict=True)
     fingerprint = FrozenConst(gathered).fingerprint
     assert fingerprint == whole.fingerprint and same_everywhere(fingerprint)

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 import frozenconst
 from frozenconst import FrozenConst, FrozenConstTypeError, FrozenConstValueError
-from frozenconst._host import SUPPORTED_DTYPES, check_narrowing, supported
+from frozenconst._convert import check_narrowing
+from frozenconst._dtypes import SUPPORTED_DTYPES, supported
 
 REFUSALS = (FrozenConstTypeError, FrozenConstValueError, OverflowError)
 # Every dtype `jax.numpy` names, whether or not this JAX can hold it (jax 0.10

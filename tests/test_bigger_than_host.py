@@ -54,7 +54,7 @@ def test_from_callback_in_one_process_is_a_whole_constant():
     assert indices == [(slice(None), slice(None))]
     returned[0][...] = -1  # changing what the callback returned changes nothing
     np.testing.assert_array_equal(np.asarray(x), data.astype(np.float32), strict=True)
-    assert x.sharding_target == sharding and jax.numpy.asarray(x).committed
+    assert x.declared_sharding == sharding and jax.numpy.asarray(x).committed
     assert x.fingerprint == FrozenConst(data, np.float32).fingerprint
     assert not np.asarray(x).flags.writeable
 

@@ -23,7 +23,7 @@ from helpers import SIMPLIFIED, assert_float32_close, enable_x64, run_bounded, s
 from hypothesis import strategies as st
 
 import frozenconst
-from frozenconst import FrozenConst, FrozenConstWarning, _cache, _compat, _hoisting, _jit, _targets
+from frozenconst import FrozenConst, FrozenConstWarning, _cache, _compat, _groups, _hoisting, _targets
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +76,7 @@ def test_without_eval_context_constants_met_in_traces_are_cached_concrete(monkey
 
 def test_without_trace_identity_every_trace_is_redone_isolated_and_warned(monkeypatch):
     monkeypatch.setattr(_hoisting, "current_trace", _compat._unknown_trace)
-    monkeypatch.setattr(_jit, "trace_identity", False)
+    monkeypatch.setattr(_groups, "trace_identity", False)
     data = unique_data((8, 8))
     c = FrozenConst(data)
     traces = []
@@ -104,7 +104,7 @@ def test_without_trace_identity_every_trace_is_redone_isolated_and_warned(monkey
 
 
 def test_without_a_clear_caches_hook_it_is_said_once(monkeypatch):
-    monkeypatch.setattr(_jit, "on_clear_caches", lambda cache, what: False)
+    monkeypatch.setattr(_groups, "on_clear_caches", lambda cache, what: False)
     c = FrozenConst(unique_data((3,)))
     with pytest.warns(FrozenConstWarning, match="cannot reach frozenconst.jit's constants") as record:
         f = frozenconst.jit(lambda w: c * w)
@@ -185,7 +185,7 @@ def test_the_mesh_read_from_jaxs_state_when_get_mesh_is_missing(monkeypatch):
     mesh = jax.make_mesh((1,), ("x",))
     with _use_mesh(mesh):
         x = FrozenConst(np.arange(4.0), sharding=jax.sharding.PartitionSpec("x"))
-    assert x.sharding_target == jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+    assert x.declared_sharding == jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
     assert _compat.active_mesh() is None
 
 

@@ -353,6 +353,19 @@ def test_embed_max_bytes_refuses_what_is_not_a_byte_count(bad):
         frozenconst.jit(lambda w: w, embed_max_bytes=bad)
 
 
+def test_refusals_are_the_packages_error_classes_and_still_the_builtins(monkeypatch):
+    from frozenconst import _jit
+
+    with pytest.raises(frozenconst.FrozenConstTypeError, match="callable"):
+        frozenconst.jit(3)
+    with pytest.raises(frozenconst.FrozenConstTypeError, match="embed_max_bytes"):
+        frozenconst.jit(lambda w: w, embed_max_bytes=-1)
+    monkeypatch.setattr(_jit, "_MAX_ROUNDS", 0)  # as if every trace met constants it did not know
+    with pytest.raises(frozenconst.FrozenConstRuntimeError, match="traced 0 times") as caught:
+        frozenconst.jit(lambda w: w + 1).lower(jnp.ones(3))
+    assert isinstance(caught.value, RuntimeError)
+
+
 def test_on_inside_the_traced_function_is_the_committed_buffer_as_under_jax_jit():
     # `x.on(target)` returns a committed `jax.Array`: inside the traced function too,
     # as `jax.jit` sees it, so code that reads it concretely runs there.

@@ -198,10 +198,9 @@ def test_nested_use_is_traced_again_isolated_once_then_never():
 
 
 def test_without_trace_isolation_nested_uses_are_correct_and_warned_once(monkeypatch):
-    from frozenconst import FrozenConstWarning, _compat, _hoisting, _jit
+    from frozenconst import FrozenConstWarning, _compat, _hoisting
 
     monkeypatch.setattr(_hoisting, "trace_isolation", False)
-    monkeypatch.setattr(_jit, "trace_isolation", False)
     _compat.warn_degraded.cache_clear()
     c = FrozenConst(unique_data((8, 8)))
     f = frozenconst.jit(
@@ -230,7 +229,7 @@ _GROWTH = textwrap.dedent(
     import gc, sys
     import jax, jax.numpy as jnp, numpy as np
     import frozenconst
-    from frozenconst import FrozenConst, _jit
+    from frozenconst import FrozenConst, _hoisting
 
     def rss():
         with open("/proc/self/statm") as f:
@@ -241,7 +240,7 @@ _GROWTH = textwrap.dedent(
 
     def fresh_context_per_trace(fun, **kw):
         made = frozenconst.jit(fun, **kw)
-        made._constants.inner = "parameter"  # isolated from the first trace on
+        made._constants.protocol.inner = _hoisting.PARAMETER  # isolated from the first trace on
         return made
 
     def growth(wrap, n):

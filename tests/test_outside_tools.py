@@ -194,7 +194,7 @@ def test_probing_an_untransferable_dtype_prints_nothing():
 
 
 def test_a_probe_keeps_what_others_write_unless_it_fails(capfd):
-    from frozenconst._host import _held_stderr
+    from frozenconst._dtypes import _held_stderr
 
     with _held_stderr() as release:
         os.write(2, b"kept line\n")

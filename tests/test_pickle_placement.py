@@ -35,6 +35,15 @@ def _loads_recording(payload: bytes):
     return loaded, [w for w in caught if issubclass(w.category, FrozenConstWarning)], caught
 
 
+def test_sharding_target_is_a_deprecated_alias_of_declared_sharding():
+    device = jax.devices()[0]
+    for x in (FrozenConst(np.arange(3.0)), FrozenConst(np.arange(3.0), sharding=device)):
+        with pytest.warns(FrozenConstWarning, match=r"sharding_target.*deprecated.*x\.declared_sharding"):
+            old = x.sharding_target
+        assert old is x.declared_sharding
+    assert x.declared_sharding == SingleDeviceSharding(device)
+
+
 def test_single_device_placement_survives_a_round_trip():
     device = jax.devices()[0]
     x = FrozenConst(np.arange(6.0).reshape(2, 3), sharding=device)
@@ -42,7 +51,7 @@ def test_single_device_placement_survives_a_round_trip():
     payload = pickle.dumps(x)
     assert b"jaxlib" not in payload and b"ArrayImpl" not in payload
     y = _loads_without_warnings(payload)
-    assert y.sharding_target == x.sharding_target == SingleDeviceSharding(device)
+    assert y.declared_sharding == x.declared_sharding == SingleDeviceSharding(device)
     arr = jnp.asarray(y)
     assert arr.committed and arr.sharding == SingleDeviceSharding(device)
     np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
@@ -54,12 +63,12 @@ def test_named_sharding_and_placed_handles_survive_a_round_trip():
     sharding = NamedSharding(mesh, P("x", None))
     x = FrozenConst(np.ones((4, 2), np.float32)).placed(sharding)
     y = _loads_without_warnings(pickle.dumps(x))
-    assert y.sharding_target == sharding
+    assert y.declared_sharding == sharding
     assert jnp.asarray(y).sharding == sharding
     # Inside containers, with other protocols, and when nothing was declared.
     for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
         z = _loads_without_warnings(pickle.dumps({"w": x, "v": FrozenConst([1, 2])}, protocol=protocol))
-        assert z["w"].sharding_target == sharding and z["v"].sharding_target is None
+        assert z["w"].declared_sharding == sharding and z["v"].declared_sharding is None
 
 
 def test_without_a_placement_the_payload_is_the_host_data_only():
@@ -86,7 +95,7 @@ def test_a_placement_that_cannot_be_rebuilt_warns_once_and_loads(monkeypatch, st
     y, ours, everything = _loads_recording(payload)
     assert len(ours) == 1 and len(everything) == 1, [str(w.message) for w in everything]
     assert reason in str(ours[0].message) and "x.placed" in str(ours[0].message)
-    assert y.sharding_target is None
+    assert y.declared_sharding is None
     np.testing.assert_array_equal(np.asarray(y), np.arange(4.0))
     np.testing.assert_array_equal(np.asarray(jnp.asarray(y)), np.arange(4.0))
 
@@ -111,8 +120,8 @@ _SCRIPT = textwrap.dedent(
 
     def check(constants):
         x, y = constants
-        assert x.sharding_target == named, x.sharding_target
-        assert y.sharding_target == single, y.sharding_target
+        assert x.declared_sharding == named, x.declared_sharding
+        assert y.declared_sharding == single, y.declared_sharding
         arr = jnp.asarray(x)
         assert arr.sharding == named and {s.data.shape for s in arr.addressable_shards} == {(4, 4)}
         assert jnp.asarray(y).devices() == {jax.devices()[3]}
@@ -161,5 +170,5 @@ def test_multi_device_placements_survive_pickle_across_processes(tmp_path):
     assert len(ours) == len(everything) == 2, [str(w.message) for w in everything]
     assert "no cpu device with id" in str(ours[0].message)
     for c in constants:
-        assert c.sharding_target is None
+        assert c.declared_sharding is None
         np.testing.assert_array_equal(np.asarray(jnp.asarray(c)), np.arange(64.0).reshape(8, 8))

@@ -1,0 +1,247 @@
+"""A user's value turned into a NumPy array, checked before anything is copied.
+
+`to_numpy` refuses what JAX could not hold or would change silently: traced
+values, masked arrays, strings, arrays other processes hold, Python ints beyond
+int64, ragged sequences, dtypes this JAX cannot hold. `value_check` and
+`check_castable` decide whether a conversion by `dtype=` keeps every value;
+`check_narrowing`, whether JAX's narrowing of 64-bit integers on the device
+(without `jax_enable_x64`) would. The copy itself is `_host`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from numpy.typing import DTypeLike
+
+from ._compat import Tracer
+from ._dtypes import check_dtype, check_numeric, int_range, numeric_kind
+from ._errors import FrozenConstTypeError, FrozenConstValueError, TracedValueError
+
+# NumPy refuses deeper nesting anyway; the scan of nested sequences stops there.
+_MAX_NESTING = 64
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _out_of_range(values: np.ndarray[Any, Any], lo: int, hi: int) -> Any:
+    """A value of `values` that does not truncate into `[lo, hi]` (NaN and infinities never do), or None."""
+    if values.size == 0:
+        return None
+    with np.errstate(all="ignore"):  # NaN in a reduction of ml_dtypes floats warns
+        smallest, largest = values.min(), values.max()
+    if numeric_kind(values.dtype) == "i":
+        small, large = int(smallest), int(largest)
+        if small < lo:
+            return small
+        return large if large > hi else None
+    # Floats truncate towards zero: anything strictly between lo - 1 and hi + 1
+    # lands in range. Python compares its ints and floats exactly.
+    low, high = float(smallest), float(largest)
+    if low != low:  # NaN: `min` propagates it
+        return low
+    if not low > lo - 1:
+        return low
+    return high if not high < hi + 1 else None
+
+
+def value_check(
+    from_dtype: np.dtype[Any], to_dtype: np.dtype[Any], what: str
+) -> Callable[[np.ndarray[Any, Any]], None] | None:
+    """How to check, block by block, that converting `from_dtype` data to `to_dtype` keeps
+    every value (None when every value converts), or raise when no value would."""
+    s, t = numeric_kind(from_dtype), numeric_kind(to_dtype)
+    if s == "c" and t != "c":
+        raise FrozenConstTypeError(
+            f"FrozenConst will not convert {what}, of dtype `{from_dtype}`, to `{to_dtype}`: that "
+            "discards the imaginary parts (`jnp.asarray` refuses a complex Python value there). "
+            "Pass `np.real(obj)` explicitly, or ask for a complex dtype."
+        )
+    if t != "i" or s == "b":
+        # To bool, floats and complex: NumPy's and `jnp.asarray`'s conversion,
+        # rounding to nearest (values beyond a float type's range become inf,
+        # or NaN for the float8 types without inf).
+        return None
+    lo, hi = int_range(to_dtype)
+    if s == "i":
+        src_lo, src_hi = int_range(from_dtype)
+        if lo <= src_lo and src_hi <= hi:
+            return None
+
+    def check(block: np.ndarray[Any, Any]) -> None:
+        bad = _out_of_range(block, lo, hi)
+        if bad is not None:
+            raise FrozenConstValueError(
+                f"FrozenConst cannot convert {what} to `{to_dtype}`: it holds {bad!r}, which `{to_dtype}` "
+                f"cannot hold (its range is {lo} to {hi}; NaN and infinities have no integer value). "
+                "NumPy's cast would wrap it silently, and `jnp.asarray` refuses such Python values. "
+                "Convert the data yourself first (for example `np.clip`, `np.nan_to_num`, or "
+                "`arr.astype(dtype)` if wrapping is what you want), or choose a wider dtype."
+            )
+
+    return check
+
+
+def check_narrowing(host: np.ndarray[Any, Any], device_dtype: DTypeLike, what: str = "its host data") -> None:
+    """Raise unless JAX can transfer `host` as `device_dtype` without changing a value's integer.
+
+    Without `jax_enable_x64`, JAX narrows int64 data to int32 and uint64 to
+    uint32 on the device, wrapping every value outside the narrow range
+    (`jax.device_put(np.array([2**40]))` holds 0). Float narrowing (float64 to
+    float32) is allowed: it rounds, as `jnp.asarray` does, and values beyond
+    float32's range become infinities. Cheap when nothing narrows; otherwise
+    one pass over the data (for 64-bit integers only).
+
+    Example:
+        >>> import numpy as np
+        >>> check_narrowing(np.array([1, 2**40]), np.int64)
+        >>> check_narrowing(np.array([1, 2**40]), np.int32)
+        Traceback (most recent call last):
+        ...
+        frozenconst.FrozenConstValueError: FrozenConst cannot put its host data on a device as int32: ...
+    """
+    device = np.dtype(device_dtype)
+    if device == host.dtype or numeric_kind(device) != "i" or numeric_kind(host.dtype) != "i":
+        return
+    lo, hi = int_range(device)
+    src_lo, src_hi = int_range(host.dtype)
+    if lo <= src_lo and src_hi <= hi:
+        return
+    bad = _out_of_range(host, lo, hi)
+    if bad is None:
+        return
+    raise FrozenConstValueError(
+        f"FrozenConst cannot put {what} on a device as {device}: it holds the {host.dtype} value "
+        f"{bad}, outside {device}'s range ({lo} to {hi}). JAX narrows {host.dtype} to {device} "
+        "while `jax_enable_x64` is off, and would wrap that value silently (`jnp.asarray` raises "
+        "OverflowError for such a Python int). Turn x64 on (`jax.config.update('jax_enable_x64', "
+        "True)`), or convert the data to a dtype that holds it on the device (for example "
+        "`dtype=np.float32`, which rounds)."
+    )
+
+
+_PLAIN = frozenset({float, bool, complex})
+
+
+def _check_leaves(obj: list[Any] | tuple[Any, ...], what: str) -> None:
+    # What `np.asarray` would lose or `jnp.asarray` refuses inside nested
+    # sequences: a masked array (NumPy keeps the data and drops the mask), and
+    # Python ints outside int64 (JAX holds Python ints as int64 at most). The
+    # common rows (all floats, all ints, all rows) are checked at C speed.
+    stack: list[tuple[list[Any] | tuple[Any, ...], int]] = [(obj, 0)]
+    while stack:
+        sequence, depth = stack.pop()
+        kinds = set(map(type, sequence))
+        if kinds <= _PLAIN:
+            continue
+        if kinds == {int}:
+            if sequence and not (min(sequence) >= _INT64_MIN and max(sequence) <= _INT64_MAX):
+                _check_python_int(next(v for v in sequence if not _INT64_MIN <= v <= _INT64_MAX), what)
+            continue
+        for item in sequence:
+            if type(item) in _PLAIN:
+                continue
+            if isinstance(item, int) and not isinstance(item, np.integer):
+                _check_python_int(item, what)
+            elif isinstance(item, (list, tuple)):
+                if depth < _MAX_NESTING:
+                    stack.append((item, depth + 1))
+            elif isinstance(item, np.ma.MaskedArray):
+                raise _masked(f"{what} holds one")
+
+
+def _check_python_int(value: int, what: str) -> None:
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise FrozenConstValueError(
+            f"FrozenConst cannot hold {what}: it holds the Python int {value}, outside the int64 "
+            "range JAX holds Python ints in (`jnp.asarray` raises OverflowError for it). Pass it as "
+            "a float (`float(value)`), or as a NumPy array with an explicit dtype (`np.uint64`)."
+        )
+
+
+def _masked(what: str) -> FrozenConstTypeError:
+    return FrozenConstTypeError(
+        f"FrozenConst does not accept masked arrays ({what}): the mask would be lost. "
+        "Pass `arr.filled(value)` or `np.asarray(arr.data)` explicitly."
+    )
+
+
+def to_numpy(obj: Any, dtype: DTypeLike | None, what: str | None = None) -> np.ndarray[Any, Any]:
+    """Turn a user's value into a NumPy array of its own dtype (a view where possible), validated.
+
+    With `dtype`, that dtype must be one JAX holds and the array must hold
+    numbers (of any dtype NumPy converts from); `freeze` converts. `what` names
+    the value in messages (default: its type).
+    """
+    what = f"the `{type(obj).__name__}` it received" if what is None else what
+    if type(obj) is np.ndarray and dtype is None:
+        # The common case, without the checks that cannot apply to it.
+        check_dtype(obj.dtype, what)
+        return obj
+    if isinstance(obj, Tracer):
+        aval: Any = getattr(obj, "aval", None)
+        raise TracedValueError(
+            f"FrozenConst needs a concrete value, but received a traced value "
+            f"{type(obj).__name__ if aval is None else aval.str_short()} "
+            "(this happens when it is built inside `jax.jit`, `jax.grad`, "
+            "`jax.vmap` and similar). Build the FrozenConst outside the "
+            "transformation and close over it, or pass it in as an argument."
+        )
+    if isinstance(obj, np.ma.MaskedArray):
+        raise _masked(f"{what} is one")
+    if isinstance(obj, (str, bytes, bytearray)):
+        raise FrozenConstTypeError(
+            f"FrozenConst needs numeric data, but received a `{type(obj).__name__}`. "
+            "Decode it to numbers first, for example with `np.frombuffer(data, dtype)`."
+        )
+    if isinstance(obj, jax.Array) and not obj.is_fully_addressable:
+        raise FrozenConstValueError(
+            "FrozenConst received a `jax.Array` that is not fully addressable from "
+            "this process. Gather it first, for example with "
+            "`jax.experimental.multihost_utils.process_allgather`."
+        )
+    want = None if dtype is None else as_dtype(dtype)
+    if isinstance(obj, (list, tuple)):
+        _check_leaves(obj, what)
+    elif isinstance(obj, int) and not isinstance(obj, np.integer):
+        _check_python_int(obj, what)
+    try:
+        arr = np.asarray(obj)
+    except (ValueError, OverflowError) as err:
+        raise FrozenConstValueError(
+            f"FrozenConst could not turn {what} into a rectangular array of numbers ({err}). "
+            "Nested sequences must be rectangular (every row the same length) and hold numbers "
+            "NumPy can represent."
+        ) from err
+    except TypeError as err:
+        raise FrozenConstTypeError(
+            f"FrozenConst could not turn {what} into an array ({err}). Pass a NumPy array, a "
+            "`jax.Array`, a scalar or a nested sequence of numbers."
+        ) from err
+    if want is None:
+        check_dtype(arr.dtype, what)
+    else:
+        check_numeric(arr.dtype, what)
+        check_dtype(want, what, requested=True)
+    return arr
+
+
+def as_dtype(dtype: DTypeLike) -> np.dtype[Any]:
+    """`np.dtype(dtype)`, or a `FrozenConstTypeError` that says what was received."""
+    try:
+        return np.dtype(dtype)
+    except (TypeError, ValueError) as err:
+        raise FrozenConstTypeError(
+            f"FrozenConst needs a NumPy or JAX dtype for `dtype`, such as `np.float32`, `'int8'` "
+            f"or `jnp.bfloat16`, but received {dtype!r} ({err})."
+        ) from err
+
+
+def check_castable(from_dtype: np.dtype[Any], to_dtype: np.dtype[Any], what: str) -> None:
+    if not np.can_cast(from_dtype, to_dtype, casting="unsafe"):
+        raise FrozenConstTypeError(
+            f"FrozenConst cannot convert {what}, of dtype `{from_dtype}`, to `{to_dtype}`: NumPy has no "
+            "such conversion. Convert it in two steps, through float32."
+        )

@@ -1,0 +1,207 @@
+"""Which dtypes the installed JAX holds, and what kind of numbers a dtype holds.
+
+The candidates are the dtypes `jax.numpy` names; whether this JAX can hold one
+is decided once per dtype (`supported`), by a transfer to its default device
+for any dtype beyond NumPy's numeric ones and bfloat16. `check_dtype` turns a
+refusal into a message that says what was received and what to pass instead;
+`numeric_kind` tells bool, integer, floating and complex apart (ml_dtypes' types too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Generator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._compat import eval_context, ml_dtypes_category
+from ._errors import FrozenConstTypeError
+
+
+def _jax_dtypes() -> frozenset[np.dtype[Any]]:
+    # Every scalar type that `jax.numpy` exposes (float32, bfloat16, float8_*,
+    # int4, ...): a sweep over the namespace rather than a hand-kept list, so a
+    # dtype added by a newer JAX is a candidate without a change here.
+    found: set[np.dtype[Any]] = set()
+    for name in dir(jnp):
+        obj = getattr(jnp, name, None)
+        dtype: Any = getattr(obj, "dtype", None)
+        if isinstance(obj, type) and isinstance(dtype, np.dtype):
+            found.add(np.dtype(dtype))
+    return frozenset(found)
+
+
+# The dtypes `jax.numpy` names: the candidates. Naming one is not holding it
+# (jax 0.10 names float6_e2m3fn, and its CPU client refuses to transfer it), so
+# whether the installed JAX can hold one is `supported(dtype)`.
+SUPPORTED_DTYPES: frozenset[np.dtype[Any]] = _jax_dtypes()
+
+
+# NumPy's own numeric dtypes and bfloat16: every JAX backend holds them, so they
+# are never probed (and building a constant of them does not start a backend).
+_ALWAYS_SUPPORTED: frozenset[np.dtype[Any]] = SUPPORTED_DTYPES & frozenset(
+    np.dtype(t)
+    for t in (
+        *(np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64),
+        *(np.float16, np.float32, np.float64, np.complex64, np.complex128, jnp.bfloat16),
+    )
+)
+
+
+_PROBED: dict[np.dtype[Any], bool] = {}
+_PROBE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _held_stderr() -> Generator[Callable[[], None]]:
+    """Hold what is written to file descriptor 2 meanwhile; the caller may `release()` it.
+
+    XLA logs its refusal of a dtype (`E... INVALID_ARGUMENT: ... RuntimeProgramInputMismatch`
+    for int1 on jax 0.12) from C++ straight to the process's stderr before raising,
+    and no Python setting reaches that logger after start-up. A probe that finds a
+    dtype unusable drops that line, its expected answer; one that succeeds passes
+    on whatever was written meanwhile (by any thread), so nothing else is lost.
+    Without a usable descriptor 2 nothing is held.
+    """
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield lambda: None
+        return
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        released = True
+
+    with tempfile.TemporaryFile() as held:
+        try:
+            sys.stderr.flush()
+            os.dup2(held.fileno(), 2)
+            yield release
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if released:
+                held.seek(0)
+                os.write(2, held.read())
+
+
+def _probe(dtype: np.dtype[Any]) -> bool:
+    # Two elements to the default device, through a compiled function, and back:
+    # what every use of a constant needs. jax 0.10 names float6 types its CPU
+    # client cannot transfer; int1 arrays transfer but no compiled program takes
+    # them. Run eagerly even inside a trace, whatever the transfer guard says.
+    sample = np.zeros(2, dtype)
+    try:
+        jax.local_devices()  # the backend starts outside the hold: its own messages go through
+    except Exception:  # no backend at all: nothing can be held
+        return False
+    with _held_stderr() as release:
+        try:
+            with eval_context(), jax.transfer_guard("allow"):
+                on_device = jax.device_put(sample)
+                back = np.asarray(on_device)
+                reversed_back = np.asarray(jax.jit(lambda v: v[::-1])(on_device))
+        except Exception:  # XLA's refusals are runtime errors of its own; any failure means "cannot hold"
+            return False
+        release()
+    return all(a.dtype == dtype and a.tobytes() == sample.tobytes() for a in (back, reversed_back))
+
+
+def supported(dtype: np.dtype[Any]) -> bool:
+    """Whether the installed JAX can hold `dtype` (in any byte order) on its default backend.
+
+    Decided once per dtype: NumPy's numeric dtypes and bfloat16 always; any other
+    dtype `jax.numpy` names by transferring two elements of it, through a
+    compiled function, and back (which starts JAX's default backend, once).
+    """
+    dtype = native(dtype)
+    if dtype in _ALWAYS_SUPPORTED:
+        return True
+    if dtype not in SUPPORTED_DTYPES:
+        return False
+    found = _PROBED.get(dtype)
+    if found is None:
+        with _PROBE_LOCK:
+            found = _PROBED.get(dtype)
+            if found is None:
+                found = _PROBED[dtype] = _probe(dtype)
+    return found
+
+
+def native(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """`dtype` in this machine's byte order (JAX holds nothing else); the copy converts."""
+    return dtype if dtype.isnative else dtype.newbyteorder("=")
+
+
+def _suggestion(dtype: np.dtype[Any]) -> str:
+    category = numeric_kind(dtype)
+    if category == "f":
+        return "float32, bfloat16 or float8_e4m3fn (for example `dtype=np.float32`)"
+    if category == "i":
+        return "int8, int32 or uint8 (for example `dtype=np.int8`)"
+    return "float32, int32, bool or bfloat16"
+
+
+def check_dtype(dtype: np.dtype[Any], what: str, requested: bool = False) -> None:
+    """Raise unless the installed JAX can hold `dtype` (in any byte order)."""
+    if supported(dtype):
+        return
+    if dtype.fields is not None:
+        kind = "a structured dtype"
+    elif dtype.kind == "O":
+        kind = "an object dtype"
+    elif dtype.kind in "USa":
+        kind = "a string or bytes dtype"
+    elif dtype.kind in "mM":
+        kind = "a datetime dtype"
+    elif native(dtype) in SUPPORTED_DTYPES:
+        kind = f"named by `jax.numpy`, but JAX {jax.__version__} cannot transfer it to its default device"
+    else:
+        kind = "not a dtype JAX supports"
+    subject = "the requested dtype" if requested else "its dtype"
+    raise FrozenConstTypeError(
+        f"FrozenConst cannot hold {what}: {subject} `{dtype}` is {kind}. "
+        f"Convert it to a numeric dtype that JAX supports, such as {_suggestion(dtype)}."
+    )
+
+
+def check_numeric(dtype: np.dtype[Any], what: str) -> None:
+    # A source converted by `dtype=` need not be a dtype JAX holds (float6 data
+    # to float32 is fine), but it must be numbers.
+    if numeric_kind(dtype) == "" and not supported(dtype):
+        check_dtype(dtype, what)
+
+
+def numeric_kind(dtype: np.dtype[Any]) -> str:
+    """The kind of numbers: `b` bool, `i` integer, `f` floating, `c` complex (ml_dtypes'
+    types too), or an empty string for anything else."""
+    if dtype.kind == "b":
+        return "b"
+    if dtype.fields is not None or (dtype.kind in "OUSaVmM" and dtype.type.__module__ == "numpy"):
+        return ""
+    if jnp.issubdtype(dtype, jnp.integer):
+        return "i"
+    if jnp.issubdtype(dtype, jnp.floating):
+        return "f"
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return "c"
+    return ml_dtypes_category(dtype)  # a type this JAX's `jnp` does not know
+
+
+# `jnp.iinfo` (ml_dtypes' `iinfo`) knows int4, int2 and friends too; it is untyped.
+_iinfo: Callable[[Any], Any] = jnp.iinfo
+
+
+def int_range(dtype: np.dtype[Any]) -> tuple[int, int]:
+    info = _iinfo(dtype)
+    return int(info.min), int(info.max)
