@@ -17,10 +17,12 @@ def _to_state(x: FrozenConst) -> np.ndarray[Any, Any]:
     return np.asarray(x)
 
 
-def _from_state(target: FrozenConst, state: Any) -> FrozenConst:
+def _from_state(template: FrozenConst, state: Any) -> FrozenConst:
+    # flax calls its first argument the restore "target"; here it is the template
+    # constant (the glossary keeps "target" for what names a placement).
     restored = np.asarray(state)
-    if target.is_concrete:
-        host = np.asarray(target)
+    if template.is_concrete:
+        host = np.asarray(template)
         if (
             restored.dtype == host.dtype
             and restored.shape == host.shape
@@ -28,7 +30,7 @@ def _from_state(target: FrozenConst, state: Any) -> FrozenConst:
         ):
             # The template's own constant holds these bytes: keep it (its device
             # buffers too), as `tree_unflatten` keeps a constant rebuilt from its buffer.
-            return target
+            return template
     return FrozenConst(restored)
 
 
