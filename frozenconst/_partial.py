@@ -14,6 +14,7 @@ device buffer aliases its slice instead of copying it (jax #37830). The global
 from __future__ import annotations
 
 import mmap
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
@@ -24,7 +25,7 @@ from numpy.typing import DTypeLike
 
 from ._cache import Store
 from ._compat import Device
-from ._errors import FrozenConstValueError, NotAddressableError
+from ._errors import FrozenConstTypeError, FrozenConstValueError, NotAddressableError
 from ._host import (
     as_dtype,
     check_dtype,
@@ -81,7 +82,9 @@ def _addressable(sharding: Sharding, shape: tuple[int, ...]) -> dict[Device, Key
 
 class PartialStore(Store):
     """The frozen slices of a constant that this process's devices address, and the
-    device buffers made from them. No process holds the constant whole.
+    device buffers made from them. A process holds the constant whole only where its
+    devices address all of it (a sharding replicated across processes); it may hold
+    no slice at all (none of the sharding's devices is in this process).
 
     Attributes:
         home: the declared sharding the slices were chosen by.
@@ -115,11 +118,17 @@ class PartialStore(Store):
 
     @property
     def host(self) -> np.ndarray[Any, Any]:
-        """Refused: no process holds the constant whole."""
-        raise self._not_whole("its whole host buffer")
+        """The whole frozen host buffer, where this process holds it (a sharding replicated
+        across processes); refused otherwise."""
+        return self.whole("its whole host buffer")
 
     def whole(self, what: str) -> np.ndarray[Any, Any]:
-        raise self._not_whole(what)
+        # Under a sharding replicated across processes every process's devices
+        # address the whole constant: each holds it whole, as one slice.
+        part = self.slices.get(tuple((0, n) for n in self.shape))
+        if part is None:
+            raise self._not_whole(what)
+        return part
 
     def host_buffers(self) -> tuple[np.ndarray[Any, Any], ...]:
         return tuple(self.slices.values())
@@ -130,6 +139,8 @@ class PartialStore(Store):
 
     def held(self) -> str:
         """The slices held, in words."""
+        if not self.slices:
+            return "no slice (none of its devices is in this process)"
         return ", ".join(describe(k, self.shape) for k in self.slices)
 
     def describe(self) -> str:
@@ -209,7 +220,10 @@ class PartialStore(Store):
             target = SingleDeviceSharding(device, memory_kind=sharding.memory_kind)
             arrays.append(jax.device_put(part.astype(dtype) if convert else part, target))
             self.transfers += 1  # called under the lock, once per addressable device
-        return jax.make_array_from_single_device_arrays(self.shape, sharding, arrays)
+        # `dtype=`: with none of the sharding's devices in this process there is
+        # no buffer to take it from, and JAX then needs it (as `jax.device_put`
+        # to another process's device gives an array with no addressable shards).
+        return jax.make_array_from_single_device_arrays(self.shape, sharding, arrays, dtype=dtype)
 
 
 def from_source(
@@ -229,22 +243,63 @@ def from_source(
     return PartialStore(view.shape, want, home, slices, "a memory-mapped array")
 
 
+def as_shape(shape: Any) -> tuple[int, ...]:
+    """`shape` as a tuple of non-negative ints, refused as NumPy and JAX refuse it
+    (`np.zeros((8.9, 4))` raises TypeError): never truncated."""
+    try:
+        dims = (operator.index(shape),) if not hasattr(shape, "__iter__") else tuple(shape)
+        full = tuple(operator.index(n) for n in dims)
+    except TypeError as err:
+        raise FrozenConstTypeError(
+            f"FrozenConst.from_callback needs `shape` as a tuple of ints, but received {shape!r} "
+            f"({err}). Pass whole numbers, for example `(8, 4)`: a float is never rounded."
+        ) from err
+    if any(n < 0 for n in full):
+        raise FrozenConstValueError(
+            f"FrozenConst.from_callback needs `shape` of non-negative ints, but received {full}."
+        )
+    return full
+
+
 def from_callback(
-    shape: Sequence[int],
+    shape: tuple[int, ...],
     sharding: Sharding,
     data_callback: Callable[[Index], Any],
-    dtype: DTypeLike,
+    dtype: DTypeLike | None,
 ) -> Store:
-    """The store of `FrozenConst.from_callback`: partial where `sharding` spans several processes."""
-    want = native(as_dtype(dtype))
-    check_dtype(want, "the data `data_callback` returns", requested=True)
-    full = tuple(int(n) for n in shape)
+    """The store of `FrozenConst.from_callback`: partial where `sharding` spans several processes.
+
+    With `dtype` None, the dtype of the first slice returned, as
+    `jax.make_array_from_callback` takes it; every slice must then have it.
+    """
+    full = as_shape(shape)
+    requested = want = None if dtype is None else native(as_dtype(dtype))
+    if requested is not None:
+        check_dtype(requested, "the data `data_callback` returns", requested=True)
     slices: dict[Key, np.ndarray[Any, Any]] = {}
     indices: dict[Device, Index] = sharding.addressable_devices_indices_map(full)  # type: ignore[assignment]
     for index in indices.values():
         key = _key(index, full)
         if key not in slices:
-            slices[key] = _slice_from(data_callback, index, key, full, want)
+            part = _slice_from(data_callback, index, key, full, requested)
+            if want is None:
+                want = part.dtype
+            elif part.dtype != want:
+                first = describe(next(iter(slices)), full)
+                raise FrozenConstTypeError(
+                    f"`data_callback` returned {part.dtype} data for index {describe(key, full)} and "
+                    f"{want} data for index {first}: without `dtype=`, every slice must have the "
+                    "dtype of the first (as `jax.make_array_from_callback` requires). Pass `dtype=` "
+                    "to convert every slice to one dtype."
+                )
+            slices[key] = part
+    if want is None:
+        raise FrozenConstValueError(
+            f"FrozenConst.from_callback needs `dtype=` here: none of the devices of {sharding} is in "
+            f"process {jax.process_index()}, so `data_callback` is never called and no slice tells "
+            "the dtype (`jax.make_array_from_callback` needs it in the same case). Pass the dtype "
+            "every process uses, for example `dtype=np.float32`."
+        )
     if sharding.is_fully_addressable:
         # Every slice is here: one whole buffer, as `FrozenConst(array)` holds.
         return Store(freeze_parts(full, want, [(_index(k), p) for k, p in slices.items()]))
@@ -256,7 +311,7 @@ def _slice_from(
     index: Index,
     key: Key,
     shape: tuple[int, ...],
-    dtype: np.dtype[Any],
+    dtype: np.dtype[Any] | None,
 ) -> np.ndarray[Any, Any]:
     where = describe(key, shape)
     # Frozen (copied) at once: what the callback returned stays the caller's.
