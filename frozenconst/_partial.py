@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import mmap
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import jax

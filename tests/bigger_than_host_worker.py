@@ -259,7 +259,7 @@ def edges(path):
         assert not got.addressable_shards and not got.is_fully_addressable
         assert x.on(elsewhere) is got
         assert "holds no slice (none of its devices is in this process), 0 B" in repr(x), repr(x)
-        with pytest.raises(NotAddressableError, match="holds only .*: no slice"):
+        with pytest.raises(NotAddressableError, match=r"holds only .*: no slice"):
             np.asarray(x)
     # Without `dtype=` there is no slice to take it from (JAX needs it too).
     with pytest.raises(ValueError, match="dtype"):

@@ -429,7 +429,8 @@ def _no_numpy_conversion():
         ),
         (
             lambda: FrozenConst([1 + 2j], np.float32),
-            "NumPy's cast drops them with a ComplexWarning.*refuses a complex Python value there with a TypeError",
+            "NumPy's cast drops them with a ComplexWarning.*"
+            "refuses a complex Python value there with a TypeError",
             _complex_cast_drops_the_imaginary_part,
         ),
         (
@@ -442,7 +443,11 @@ def _no_numpy_conversion():
             "would wrap that value silently \\(`jnp.asarray` raises OverflowError",
             _jax_wraps_64_bit_integers_without_x64,
         ),
-        (lambda: FrozenConst([2**64]), "`jnp.asarray` raises OverflowError", _jnp_refuses_python_ints_beyond_int64),
+        (
+            lambda: FrozenConst([2**64]),
+            "`jnp.asarray` raises OverflowError",
+            _jnp_refuses_python_ints_beyond_int64,
+        ),
         (lambda: FrozenConst(np.ma.masked_array([1.0])), "the mask would be lost", _numpy_drops_the_mask),
         (
             lambda: FrozenConst(np.zeros(2, _no_numpy_conversion()[0]), _no_numpy_conversion()[1]),

@@ -74,7 +74,8 @@ def test_from_callback_names_the_index_and_what_it_received():
 
 
 @pytest.mark.parametrize(
-    "data", [np.arange(6, dtype=np.int32), np.arange(6, dtype=np.uint8), np.ones(6, np.float16), np.ones(6, bool)]
+    "data",
+    [np.arange(6, dtype=np.int32), np.arange(6, dtype=np.uint8), np.ones(6, np.float16), np.ones(6, bool)],
 )
 def test_from_callback_without_dtype_keeps_the_slices_dtype_as_jax_does(data):
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
