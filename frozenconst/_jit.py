@@ -543,7 +543,11 @@ def _make_traced(fun: Callable[..., Any], constants: _Constants) -> Callable[...
     def traced(consts: tuple[Any, ...], /, *args: Any, **kwargs: Any) -> Any:
         group = constants.group(args, kwargs)
         frame = Frame(dict(zip(group.sources, consts, strict=False)), constants.inner, constants.captures)
-        context = shared_trace_context() if frame.inner == STOP else unique_trace_context()
+        context = (
+            shared_trace_context()
+            if frame.inner == STOP
+            else unique_trace_context((frame.inner, constants.capture_max))
+        )
         stopped = 0  # stops that reached this function (not caught on the way)
         enter(frame)
         try:
