@@ -17,7 +17,7 @@ from ._derived import Derived
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._hoisting import Source
 from ._host import frozen_copy
-from ._partial import as_shape, from_callback, from_source, lazily_sliceable
+from ._partial import as_shape, from_callback, from_source, lazily_sliceable, spans_processes
 from ._stats import ConstStats, const_stats
 from ._targets import Target, as_sharding
 
@@ -97,7 +97,7 @@ class FrozenConst(_StaticBase):
         elif (
             sharding is not None
             and lazily_sliceable(obj)
-            and not (declared := as_sharding(sharding, np.shape(obj))).is_fully_addressable
+            and spans_processes(declared := as_sharding(sharding, np.shape(obj)))
         ):
             # A memory-mapped source placed across processes: this process
             # freezes only the slices its devices address.

@@ -75,9 +75,24 @@ def lazily_sliceable(obj: object) -> bool:
     return isinstance(obj, mmap.mmap)
 
 
-def _addressable(sharding: Sharding, shape: tuple[int, ...]) -> dict[Device, Key]:
+def spans_processes(sharding: Sharding) -> bool:
+    """Whether some of `sharding`'s devices are in other processes. (Not
+    `not sharding.is_fully_addressable`: jax 0.6.2 says a `SingleDeviceSharding`
+    on another process's device is fully addressable.)"""
+    here = jax.process_index()
+    return any(d.process_index != here for d in sharding.device_set)
+
+
+def _indices(sharding: Sharding, shape: tuple[int, ...]) -> dict[Device, Index]:
+    # Filtered by process: jax 0.6.2 counts a `SingleDeviceSharding`'s device
+    # as addressable wherever it is.
     indices: dict[Device, Index] = sharding.addressable_devices_indices_map(shape)  # type: ignore[assignment]
-    return {device: _key(index, shape) for device, index in indices.items()}
+    here = jax.process_index()
+    return {device: index for device, index in indices.items() if device.process_index == here}
+
+
+def _addressable(sharding: Sharding, shape: tuple[int, ...]) -> dict[Device, Key]:
+    return {device: _key(index, shape) for device, index in _indices(sharding, shape).items()}
 
 
 class PartialStore(Store):
@@ -277,8 +292,7 @@ def from_callback(
     if requested is not None:
         check_dtype(requested, "the data `data_callback` returns", requested=True)
     slices: dict[Key, np.ndarray[Any, Any]] = {}
-    indices: dict[Device, Index] = sharding.addressable_devices_indices_map(full)  # type: ignore[assignment]
-    for index in indices.values():
+    for index in _indices(sharding, full).values():
         key = _key(index, full)
         if key not in slices:
             part = _slice_from(data_callback, index, key, full, requested)
@@ -300,7 +314,7 @@ def from_callback(
             "the dtype (`jax.make_array_from_callback` needs it in the same case). Pass the dtype "
             "every process uses, for example `dtype=np.float32`."
         )
-    if sharding.is_fully_addressable:
+    if not spans_processes(sharding):
         # Every slice is here: one whole buffer, as `FrozenConst(array)` holds.
         return Store(freeze_parts(full, want, [(_index(k), p) for k, p in slices.items()]))
     return PartialStore(full, want, sharding, slices, "`FrozenConst.from_callback`")

@@ -247,22 +247,33 @@ def edges(path):
     # -- on a device of another process: as `jax.device_put` to that device ----
     remote = next(d for d in jax.devices() if d.process_index != jax.process_index())
     elsewhere = jax.sharding.SingleDeviceSharding(remote)
-    want = jax.device_put(data, elsewhere)
-    assert not want.addressable_shards and want.dtype == np.int32  # what JAX gives
+    try:
+        want = jax.device_put(data, elsewhere)
+        assert not want.addressable_shards and want.dtype == np.int32  # what JAX gives
+    except RuntimeError:  # jax 0.6.2: "Cannot copy array to non-addressable device"
+        want = None
     for x in (
         FrozenConst.from_callback(data.shape, elsewhere, read, dtype=np.int32),
         FrozenConst(np.load(small, mmap_mode="r"), sharding=elsewhere),
     ):
-        assert not called and x.stats().host_bytes == 0
-        got = jnp.asarray(x)
-        assert (got.shape, got.dtype, got.sharding) == (want.shape, want.dtype, want.sharding)
-        assert not got.addressable_shards and not got.is_fully_addressable
-        assert x.on(elsewhere) is got
+        assert not called, called
+        assert x.stats().host_bytes == 0, (x.stats(), jax.process_index(), remote, x._store)
+        if want is None:
+            # jax 0.6.2 builds no array without addressable shards unless told
+            # to, and says how: its error comes through as it is.
+            with pytest.raises(ValueError, match="enable_empty_arrays"):
+                jnp.asarray(x)
+        else:
+            got = jnp.asarray(x)
+            assert (got.shape, got.dtype, got.sharding) == (want.shape, want.dtype, want.sharding)
+            assert (got.shape, got.dtype, got.sharding) == (data.shape, data.dtype, elsewhere)
+            assert not got.addressable_shards and not got.is_fully_addressable
+            assert x.on(elsewhere) is got
         assert "holds no slice (none of its devices is in this process), 0 B" in repr(x), repr(x)
         with pytest.raises(NotAddressableError, match=r"holds only .*: no slice"):
             np.asarray(x)
     # Without `dtype=` there is no slice to take it from (JAX needs it too).
-    with pytest.raises(ValueError, match="dtype"):
+    with pytest.raises(ValueError, match="dtype|enable_empty_arrays"):  # the latter: jax 0.6.2
         jax.make_array_from_callback(data.shape, elsewhere, read)
     with pytest.raises(FrozenConstValueError, match="needs `dtype=` here: none of the devices"):
         FrozenConst.from_callback(data.shape, elsewhere, read)
