@@ -80,7 +80,8 @@ def spans_processes(sharding: Sharding) -> bool:
     `not sharding.is_fully_addressable`: jax 0.6.2 says a `SingleDeviceSharding`
     on another process's device is fully addressable.)"""
     here = jax.process_index()
-    return any(d.process_index != here for d in sharding.device_set)
+    devices: set[Device] = sharding.device_set
+    return any(d.process_index != here for d in devices)
 
 
 def _indices(sharding: Sharding, shape: tuple[int, ...]) -> dict[Device, Index]:

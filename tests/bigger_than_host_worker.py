@@ -273,7 +273,7 @@ def edges(path):
         with pytest.raises(NotAddressableError, match=r"holds only .*: no slice"):
             np.asarray(x)
     # Without `dtype=` there is no slice to take it from (JAX needs it too).
-    with pytest.raises(ValueError, match="dtype|enable_empty_arrays"):  # the latter: jax 0.6.2
+    with pytest.raises(ValueError, match=r"dtype|enable_empty_arrays"):  # the latter: jax 0.6.2
         jax.make_array_from_callback(data.shape, elsewhere, read)
     with pytest.raises(FrozenConstValueError, match="needs `dtype=` here: none of the devices"):
         FrozenConst.from_callback(data.shape, elsewhere, read)
