@@ -10,8 +10,10 @@ import contextlib
 import functools
 import itertools
 import os
+import threading
 import warnings
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
@@ -122,6 +124,43 @@ eval_context: Callable[[], contextlib.AbstractContextManager[Any]] = getattr(
 _unique = itertools.count(1)
 _shared = next(_unique)
 
+# Values of `unique_trace_context` free to be used again, per kind of trace
+# (how its constants resolve). Issue #19: a value used once and dropped leaves
+# JAX's caches keyed by trace context (`trace_to_jaxpr`, unbounded, and
+# `_infer_params_cached` and friends) one entry per library function traced
+# under it (`jnp.multiply`, `jnp.sum`, ...), about 20 KiB per function made and
+# dropped, forever. A value is safe again once the trace that used it is gone:
+# a cache entry that closed over one of its tracers holds the trace alive
+# (every tracer holds its trace), so while any such entry lives the value is
+# not reused; entries without our tracers are what any trace of that kind
+# would cache. Kept per kind, so a reused entry resolved constants the way
+# the new trace would.
+_free: dict[Hashable, list[int]] = {}
+_free_lock = threading.Lock()
+
+
+def _release(kind: Hashable, value: int) -> None:
+    with _free_lock:
+        _free.setdefault(kind, []).append(value)
+
+
+# The innermost active trace object, to learn when it is gone: private
+# `jax._src.core.trace_ctx.trace` (jax >= 0.4.36; checked on 0.6.2, 0.9.2,
+# 0.10.2 and 0.12.0.1, where `Trace` takes weak references). Without it a
+# value is never reused (the memory of issue #19 comes back, nothing else).
+def _find_trace_object() -> Callable[[], object] | None:
+    try:
+        from jax._src import core as _core
+    except ImportError:  # pragma: no cover - newer JAX layouts
+        return None
+    context = getattr(_core, "trace_ctx", None)
+    if context is None or not hasattr(context, "trace"):  # pragma: no cover - other JAX
+        return None
+    return lambda: context.trace
+
+
+_trace_object = _find_trace_object()
+
 
 def _make_context_state() -> Any:
     states: dict[str, Any] = _state("config_states") or {}
@@ -202,9 +241,19 @@ def trace_context(value: int) -> contextlib.AbstractContextManager[Any]:
     return cm
 
 
-def unique_trace_context() -> int:
-    """A trace-context value used by no other trace."""
-    return next(_unique)
+def unique_trace_context(kind: Hashable = None) -> int:
+    """A trace-context value used by no other trace in progress, nor by any trace whose
+    tracers may still be held; `kind` says how the trace resolves constants (a value
+    is reused only by traces of the same kind). Call it inside the trace."""
+    with _free_lock:
+        free = _free.get(kind)
+        value = free.pop() if free else next(_unique)
+    trace = None if _trace_object is None else _trace_object()
+    if trace is not None:
+        # A trace without weak references (none known): the value is never reused.
+        with contextlib.suppress(TypeError):
+            weakref.finalize(trace, _release, kind, value)
+    return value
 
 
 def shared_trace_context() -> int:

@@ -53,11 +53,19 @@ def value_check(
     """How to check, block by block, that converting `from_dtype` data to `to_dtype` keeps
     every value (None when every value converts), or raise when no value would."""
     s, t = numeric_kind(from_dtype), numeric_kind(to_dtype)
+    if s == "c" and t == "b":
+        raise FrozenConstTypeError(
+            f"FrozenConst will not convert {what}, of dtype `{from_dtype}`, to `bool`: NumPy and "
+            "`jnp.asarray` make each value True wherever its real or imaginary part is non-zero, "
+            "which is rarely what a constant means. Pass `obj != 0` explicitly if that is what "
+            "you want, or ask for a complex dtype."
+        )
     if s == "c" and t != "c":
         raise FrozenConstTypeError(
             f"FrozenConst will not convert {what}, of dtype `{from_dtype}`, to `{to_dtype}`: that "
-            "discards the imaginary parts (`jnp.asarray` refuses a complex Python value there). "
-            "Pass `np.real(obj)` explicitly, or ask for a complex dtype."
+            "discards the imaginary parts (NumPy's cast drops them with a ComplexWarning, and "
+            "`jnp.asarray` refuses a complex Python value there with a TypeError). Pass "
+            "`np.real(obj)` explicitly, or ask for a complex dtype."
         )
     if t != "i" or s == "b":
         # To bool, floats and complex: NumPy's and `jnp.asarray`'s conversion,
@@ -70,15 +78,30 @@ def value_check(
         if lo <= src_lo and src_hi <= hi:
             return None
 
+    if s == "i":
+        # Checked: `np.array([300]).astype(np.uint8)` is [44], without a warning;
+        # `jnp.asarray([300], jnp.uint8)` raises OverflowError.
+        others = (
+            "NumPy's cast would wrap it silently, and `jnp.asarray` refuses such a Python int "
+            "(OverflowError). Convert the data yourself first (for example `np.clip`, or "
+            "`arr.astype(dtype)` if wrapping is what you want), or choose a wider dtype."
+        )
+    else:
+        # Checked: NumPy casts NaN or 1e10 to int32 as -2**31 (with a RuntimeWarning
+        # for NumPy's own floats); `jnp.asarray` raises OverflowError or ValueError.
+        others = (
+            "NumPy's cast would give an arbitrary integer for it, and `jnp.asarray` refuses such "
+            "a Python float (OverflowError, or ValueError for NaN). Convert the data yourself "
+            "first (for example `np.clip`, `np.nan_to_num`), or choose a wider dtype."
+        )
+
     def check(block: np.ndarray[Any, Any]) -> None:
         bad = _out_of_range(block, lo, hi)
         if bad is not None:
             raise FrozenConstValueError(
                 f"FrozenConst cannot convert {what} to `{to_dtype}`: it holds {bad!r}, which `{to_dtype}` "
                 f"cannot hold (its range is {lo} to {hi}; NaN and infinities have no integer value). "
-                "NumPy's cast would wrap it silently, and `jnp.asarray` refuses such Python values. "
-                "Convert the data yourself first (for example `np.clip`, `np.nan_to_num`, or "
-                "`arr.astype(dtype)` if wrapping is what you want), or choose a wider dtype."
+                + others
             )
 
     return check
@@ -180,6 +203,10 @@ def to_numpy(obj: Any, dtype: DTypeLike | None, what: str | None = None) -> np.n
         # The common case, without the checks that cannot apply to it.
         check_dtype(obj.dtype, what)
         return obj
+    if not isinstance(obj, (np.ndarray, jax.Array)) and hasattr(type(obj), "__jax_array__"):
+        # As `jnp.asarray(obj)` takes it (JEP 28661): the array it stands for,
+        # frozen. One that stands for a traced value is refused below.
+        obj = obj.__jax_array__()
     if isinstance(obj, Tracer):
         aval: Any = getattr(obj, "aval", None)
         raise TracedValueError(

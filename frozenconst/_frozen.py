@@ -16,7 +16,7 @@ from ._cache import Placement, Store, Use, device_dtype, owner_of
 from ._derived import Derived
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._host import frozen_copy
-from ._partial import from_callback, from_source, lazily_sliceable
+from ._partial import as_shape, from_callback, from_source, lazily_sliceable, spans_processes
 from ._stats import ConstStats, const_stats
 from ._targets import Target, as_sharding
 
@@ -96,7 +96,7 @@ class FrozenConst(_StaticBase):
         elif (
             sharding is not None
             and lazily_sliceable(obj)
-            and not (declared := as_sharding(sharding, np.shape(obj))).is_fully_addressable
+            and spans_processes(declared := as_sharding(sharding, np.shape(obj)))
         ):
             # A memory-mapped source placed across processes: this process
             # freezes only the slices its devices address.
@@ -116,7 +116,7 @@ class FrozenConst(_StaticBase):
         sharding: Target,
         data_callback: Callable[[tuple[slice, ...]], ArrayLike],
         *,
-        dtype: DTypeLike,
+        dtype: DTypeLike | None = None,
     ) -> FrozenConst:
         """A constant built slice by slice, as `jax.make_array_from_callback` builds an array.
 
@@ -133,14 +133,18 @@ class FrozenConst(_StaticBase):
             sharding: the constant's declared sharding: a `Sharding`, a device, or a
                 `PartitionSpec` under `jax.set_mesh`.
             data_callback: `index -> array`, `index` a tuple of slices.
-            dtype: the constant's dtype (required, unlike JAX's: every process must
-                agree on it without asking the others); slices of another dtype are
-                converted with the checks of `FrozenConst(obj, dtype)`.
+            dtype: the constant's dtype; slices of another dtype are converted with
+                the checks of `FrozenConst(obj, dtype)`. Default: the dtype of the
+                first slice, which every slice must then have, as in
+                `jax.make_array_from_callback`. Each process infers its own, so pass
+                it where processes could disagree, and where none of `sharding`'s
+                devices is in this process (no slice to infer it from).
 
         Raises:
-            FrozenConstValueError: a slice of the wrong shape, or the sharding does
-                not fit `shape`.
-            FrozenConstTypeError: a slice or dtype JAX cannot hold.
+            FrozenConstValueError: a slice of the wrong shape, the sharding does
+                not fit `shape`, or no `dtype` and no slice to infer it from.
+            FrozenConstTypeError: a slice or dtype JAX cannot hold, slices of
+                different dtypes without `dtype`, or a `shape` that is not ints.
 
         Example:
             >>> import jax, numpy as np
@@ -153,7 +157,7 @@ class FrozenConst(_StaticBase):
             FrozenConst([[0., 1., 2.],
                          [3., 4., 5.]], dtype=float32)
         """
-        full = tuple(int(n) for n in shape)
+        full = as_shape(shape)
         declared = as_sharding(sharding, full)
         return cls._of(from_callback(full, declared, data_callback, dtype), declared)
 

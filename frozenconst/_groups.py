@@ -149,7 +149,7 @@ class Constants(FedArrays):
         self.single: Group | None = None
         # How a constant used inside a nested trace resolves, moved by the traces
         # (`_hoisting.Protocol`).
-        self.protocol = Protocol()
+        self.protocol = Protocol(capture_max)
         if not on_clear_caches(self, "frozenconst.jit constants"):
             warn_degraded(
                 "`jax.clear_caches()` cannot reach frozenconst.jit's constants on this JAX, so a "

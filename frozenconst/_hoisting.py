@@ -155,13 +155,17 @@ class Protocol:
     Attributes:
         inner: how a constant used inside a nested trace resolves in this function's traces.
         refusal: why JAX refused the program with a parameter in a nested trace, until warned.
+        capture_max: the largest constant (bytes) the function's traces capture as its buffer;
+            with `inner`, what makes two isolated traces resolve constants alike, so that
+            they may share a trace-context value (`_compat.unique_trace_context`).
     """
 
-    __slots__ = ("inner", "refusal")
+    __slots__ = ("capture_max", "inner", "refusal")
 
-    def __init__(self) -> None:
+    def __init__(self, capture_max: int) -> None:
         self.inner = STOP if trace_isolation else BUFFER
         self.refusal: Exception | None = None
+        self.capture_max = capture_max
 
     def trace(
         self,
@@ -173,7 +177,11 @@ class Protocol:
         """`body()` traced with `known` constants as parameters; `learned(frame)` is told what the
         trace met. Raises `Rediscover` where the trace must be redone."""
         frame = Frame(known, self.inner, captures)
-        context = shared_trace_context() if frame.inner is STOP else unique_trace_context()
+        context = (
+            shared_trace_context()
+            if frame.inner is STOP
+            else unique_trace_context((frame.inner, self.capture_max))
+        )
         stopped = 0  # stops that reached this function (not caught on the way)
         enter(frame)
         try:

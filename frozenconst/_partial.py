@@ -14,7 +14,8 @@ device buffer aliases its slice instead of copying it (jax #37830). The global
 from __future__ import annotations
 
 import mmap
-from collections.abc import Callable, Sequence
+import operator
+from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import jax
@@ -26,7 +27,7 @@ from ._cache import Store
 from ._compat import Device
 from ._convert import as_dtype, check_narrowing, to_numpy
 from ._dtypes import check_dtype, native
-from ._errors import FrozenConstValueError, NotAddressableError
+from ._errors import FrozenConstTypeError, FrozenConstValueError, NotAddressableError
 from ._host import freeze, freeze_parts, frozen_copy, human_bytes
 from ._targets import Target
 
@@ -66,14 +67,32 @@ def lazily_sliceable(obj: object) -> bool:
     return isinstance(obj, mmap.mmap)
 
 
-def _addressable(sharding: Sharding, shape: tuple[int, ...]) -> dict[Device, Bounds]:
+def spans_processes(sharding: Sharding) -> bool:
+    """Whether some of `sharding`'s devices are in other processes. (Not
+    `not sharding.is_fully_addressable`: jax 0.6.2 says a `SingleDeviceSharding`
+    on another process's device is fully addressable.)"""
+    here = jax.process_index()
+    devices: set[Device] = sharding.device_set
+    return any(d.process_index != here for d in devices)
+
+
+def _indices(sharding: Sharding, shape: tuple[int, ...]) -> dict[Device, Index]:
+    # Filtered by process: jax 0.6.2 counts a `SingleDeviceSharding`'s device
+    # as addressable wherever it is.
     indices: dict[Device, Index] = sharding.addressable_devices_indices_map(shape)  # type: ignore[assignment]
-    return {device: _key(index, shape) for device, index in indices.items()}
+    here = jax.process_index()
+    return {device: index for device, index in indices.items() if device.process_index == here}
+
+
+def _addressable(sharding: Sharding, shape: tuple[int, ...]) -> dict[Device, Bounds]:
+    return {device: _key(index, shape) for device, index in _indices(sharding, shape).items()}
 
 
 class PartialStore(Store):
     """The frozen slices of a constant that this process's devices address, and the
-    device buffers made from them. No process holds the constant whole.
+    device buffers made from them. A process holds the constant whole only where its
+    devices address all of it (a sharding replicated across processes); it may hold
+    no slice at all (none of the sharding's devices is in this process).
 
     Attributes:
         home: the declared sharding the slices were chosen by.
@@ -107,11 +126,32 @@ class PartialStore(Store):
 
     @property
     def host(self) -> np.ndarray[Any, Any]:
-        """Refused: no process holds the constant whole."""
-        raise self._not_whole("its whole host buffer")
+        """The whole frozen host buffer, where this process holds it (a sharding replicated
+        across processes); refused otherwise."""
+        return self.whole("its whole host buffer")
 
     def whole(self, what: str) -> np.ndarray[Any, Any]:
-        raise self._not_whole(what)
+        part = self._whole_slice()
+        if part is None:
+            raise self._not_whole(what)
+        return part
+
+    def _whole_slice(self) -> np.ndarray[Any, Any] | None:
+        # Under a sharding replicated across processes every process's devices
+        # address the whole constant: each holds it whole, as one slice.
+        return self.slices.get(tuple((0, n) for n in self.shape))
+
+    @property
+    def fingerprint(self) -> str:
+        """The content digest where this process holds the whole constant; refused otherwise."""
+        if self._whole_slice() is None:
+            raise self._not_whole(
+                "x.fingerprint",
+                " A fingerprint is a SHA-256 over the whole data in order, which digests of "
+                "separate slices cannot be combined into; fingerprint the gathered array "
+                "(`FrozenConst(gathered).fingerprint`, the same value on every process).",
+            )
+        return super().fingerprint
 
     def host_buffers(self) -> tuple[np.ndarray[Any, Any], ...]:
         return tuple(self.slices.values())
@@ -122,6 +162,8 @@ class PartialStore(Store):
 
     def held(self) -> str:
         """The slices held, in words."""
+        if not self.slices:
+            return "no slice (none of its devices is in this process)"
         return ", ".join(describe(k, self.shape) for k in self.slices)
 
     def describe(self) -> str:
@@ -129,16 +171,6 @@ class PartialStore(Store):
         return (
             f"FrozenConst(shape={self.shape}, dtype={self.dtype}, process {jax.process_index()} "
             f"holds {self.held()}, {human_bytes(self.host_nbytes)})"
-        )
-
-    @property
-    def fingerprint(self) -> str:
-        """Refused: a digest of the whole data, which no process holds."""
-        raise self._not_whole(
-            "x.fingerprint",
-            " A fingerprint is a SHA-256 over the whole data in order, which digests of "
-            "separate slices cannot be combined into; fingerprint the gathered array "
-            "(`FrozenConst(gathered).fingerprint`, the same value on every process).",
         )
 
     def _not_whole(self, what: str, extra: str = "") -> NotAddressableError:
@@ -205,7 +237,10 @@ class PartialStore(Store):
             target = SingleDeviceSharding(device, memory_kind=sharding.memory_kind)
             arrays.append(jax.device_put(part.astype(dtype) if convert else part, target))
             self.transfers += 1  # called under the lock, once per addressable device
-        return jax.make_array_from_single_device_arrays(self.shape, sharding, arrays)
+        # `dtype=`: with none of the sharding's devices in this process there is
+        # no buffer to take it from, and JAX then needs it (as `jax.device_put`
+        # to another process's device gives an array with no addressable shards).
+        return jax.make_array_from_single_device_arrays(self.shape, sharding, arrays, dtype=dtype)
 
 
 def from_source(
@@ -225,23 +260,63 @@ def from_source(
     return PartialStore(view.shape, want, home, slices, "a memory-mapped array")
 
 
+def as_shape(shape: Any) -> tuple[int, ...]:
+    """`shape` as a tuple of non-negative ints, refused as NumPy and JAX refuse it
+    (`np.zeros((8.9, 4))` raises TypeError): never truncated."""
+    try:
+        dims = (operator.index(shape),) if not hasattr(shape, "__iter__") else tuple(shape)
+        full = tuple(operator.index(n) for n in dims)
+    except TypeError as err:
+        raise FrozenConstTypeError(
+            f"FrozenConst.from_callback needs `shape` as a tuple of ints, but received {shape!r} "
+            f"({err}). Pass whole numbers, for example `(8, 4)`: a float is never rounded."
+        ) from err
+    if any(n < 0 for n in full):
+        raise FrozenConstValueError(
+            f"FrozenConst.from_callback needs `shape` of non-negative ints, but received {full}."
+        )
+    return full
+
+
 def from_callback(
-    shape: Sequence[int],
+    shape: tuple[int, ...],
     sharding: Sharding,
     data_callback: Callable[[Index], Any],
-    dtype: DTypeLike,
+    dtype: DTypeLike | None,
 ) -> Store:
-    """The store of `FrozenConst.from_callback`: partial where `sharding` spans several processes."""
-    want = native(as_dtype(dtype))
-    check_dtype(want, "the data `data_callback` returns", requested=True)
-    full = tuple(int(n) for n in shape)
+    """The store of `FrozenConst.from_callback`: partial where `sharding` spans several processes.
+
+    With `dtype` None, the dtype of the first slice returned, as
+    `jax.make_array_from_callback` takes it; every slice must then have it.
+    """
+    full = as_shape(shape)
+    requested = want = None if dtype is None else native(as_dtype(dtype))
+    if requested is not None:
+        check_dtype(requested, "the data `data_callback` returns", requested=True)
     slices: dict[Bounds, np.ndarray[Any, Any]] = {}
-    indices: dict[Device, Index] = sharding.addressable_devices_indices_map(full)  # type: ignore[assignment]
-    for index in indices.values():
+    for index in _indices(sharding, full).values():
         key = _key(index, full)
         if key not in slices:
-            slices[key] = _slice_from(data_callback, index, key, full, want)
-    if sharding.is_fully_addressable:
+            part = _slice_from(data_callback, index, key, full, requested)
+            if want is None:
+                want = part.dtype
+            elif part.dtype != want:
+                first = describe(next(iter(slices)), full)
+                raise FrozenConstTypeError(
+                    f"`data_callback` returned {part.dtype} data for index {describe(key, full)} and "
+                    f"{want} data for index {first}: without `dtype=`, every slice must have the "
+                    "dtype of the first (as `jax.make_array_from_callback` requires). Pass `dtype=` "
+                    "to convert every slice to one dtype."
+                )
+            slices[key] = part
+    if want is None:
+        raise FrozenConstValueError(
+            f"FrozenConst.from_callback needs `dtype=` here: none of the devices of {sharding} is in "
+            f"process {jax.process_index()}, so `data_callback` is never called and no slice tells "
+            "the dtype (`jax.make_array_from_callback` needs it in the same case). Pass the dtype "
+            "every process uses, for example `dtype=np.float32`."
+        )
+    if not spans_processes(sharding):
         # Every slice is here: one whole buffer, as `FrozenConst(array)` holds.
         return Store(freeze_parts(full, want, [(_index(k), p) for k, p in slices.items()]))
     return PartialStore(full, want, sharding, slices, "`FrozenConst.from_callback`")
@@ -252,7 +327,7 @@ def _slice_from(
     index: Index,
     key: Bounds,
     shape: tuple[int, ...],
-    dtype: np.dtype[Any],
+    dtype: np.dtype[Any] | None,
 ) -> np.ndarray[Any, Any]:
     where = describe(key, shape)
     # Frozen (copied) at once: what the callback returned stays the caller's.

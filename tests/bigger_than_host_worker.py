@@ -5,7 +5,9 @@
 Each process has 2 CPU devices and joins the others over jax.distributed (gloo)
 on 127.0.0.1. NPY_PATH is a float32 .npy written by the test, the same for all.
 The process prints `RSS <growth> <share>` and `process <id> ok`; any failed
-check exits non-zero.
+check exits non-zero. With NPY_PATH `edges:<path>` it runs the edge cases
+instead (`edges`): a constant none of whose devices is in this process, and
+one replicated across processes.
 """
 
 import gc
@@ -25,7 +27,12 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import frozenconst  # noqa: E402
-from frozenconst import FrozenConst, FrozenConstValueError, NotAddressableError  # noqa: E402
+from frozenconst import (  # noqa: E402
+    FrozenConst,
+    FrozenConstTypeError,
+    FrozenConstValueError,
+    NotAddressableError,
+)
 
 
 def rss_anon() -> int:
@@ -85,7 +92,10 @@ def main(port, process_id, num_processes, path):
         initialization_timeout=120,
     )
     try:
-        run(num_processes, path)
+        if path.startswith("edges:"):
+            edges(path.removeprefix("edges:"))
+        else:
+            run(num_processes, path)
         print(f"process {process_id} ok", flush=True)
     finally:
         jax.distributed.shutdown()
@@ -228,6 +238,86 @@ def run(num_processes, path):
         np.testing.assert_array_equal(np.asarray(shard.data), data[shard.index], strict=True)
     with pytest.raises(FrozenConstValueError, match=r"returned an array of shape \(.*\) for index \["):
         FrozenConst.from_callback(data.shape, rows, lambda index: data, dtype=np.float32)
+
+
+def edges(path):
+    """A constant none of whose devices is here, and one every process holds whole."""
+    data = np.arange(32, dtype=np.int32).reshape(8, 4)
+    small = f"{path}.{jax.process_index()}.npy"
+    np.save(small, data)
+    called = []
+
+    def read(index):
+        called.append(index)
+        return data[index]
+
+    # -- on a device of another process: as `jax.device_put` to that device ----
+    remote = next(d for d in jax.devices() if d.process_index != jax.process_index())
+    elsewhere = jax.sharding.SingleDeviceSharding(remote)
+    try:
+        want = jax.device_put(data, elsewhere)
+        assert not want.addressable_shards and want.dtype == np.int32  # what JAX gives
+    except RuntimeError:  # jax 0.6.2: "Cannot copy array to non-addressable device"
+        want = None
+    for x in (
+        FrozenConst.from_callback(data.shape, elsewhere, read, dtype=np.int32),
+        FrozenConst(np.load(small, mmap_mode="r"), sharding=elsewhere),
+    ):
+        assert not called, called
+        assert x.stats().host_bytes == 0, (x.stats(), jax.process_index(), remote, x._store)
+        if want is None:
+            # jax 0.6.2 builds no array without addressable shards unless told
+            # to, and says how: its error comes through as it is.
+            with pytest.raises(ValueError, match="enable_empty_arrays"):
+                jnp.asarray(x)
+        else:
+            got = jnp.asarray(x)
+            assert (got.shape, got.dtype, got.sharding) == (want.shape, want.dtype, want.sharding)
+            assert (got.shape, got.dtype, got.sharding) == (data.shape, data.dtype, elsewhere)
+            assert not got.addressable_shards and not got.is_fully_addressable
+            assert x.on(elsewhere) is got
+        assert "holds no slice (none of its devices is in this process), 0 B" in repr(x), repr(x)
+        with pytest.raises(NotAddressableError, match=r"holds only .*: no slice"):
+            np.asarray(x)
+    # Without `dtype=` there is no slice to take it from (JAX needs it too).
+    with pytest.raises(ValueError, match=r"dtype|enable_empty_arrays"):  # the latter: jax 0.6.2
+        jax.make_array_from_callback(data.shape, elsewhere, read)
+    with pytest.raises(FrozenConstValueError, match="needs `dtype=` here: none of the devices"):
+        FrozenConst.from_callback(data.shape, elsewhere, read)
+
+    # -- without `dtype=`: the slices' dtype, as JAX keeps it ------------------
+    mesh = jax.make_mesh((jax.device_count(),), ("x",))
+    rows = NamedSharding(mesh, P("x"))
+    y = FrozenConst.from_callback(data.shape, rows, lambda index: data[index])
+    reference = jax.make_array_from_callback(data.shape, rows, lambda index: data[index])
+    assert y.dtype == reference.dtype == np.int32, (y.dtype, reference.dtype)
+    for shard in jnp.asarray(y).addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), data[shard.index], strict=True)
+    first = []
+
+    def mixed(index):  # this process's first slice int32, its second float32
+        first.append(index)
+        return data[index].astype(np.int32 if len(first) == 1 else np.float32)
+
+    with pytest.raises(ValueError, match="dtype"):  # JAX refuses them too
+        jax.make_array_from_callback(data.shape, rows, mixed)
+    first.clear()
+    with pytest.raises(FrozenConstTypeError, match="without `dtype=`, every slice must have the dtype"):
+        FrozenConst.from_callback(data.shape, rows, mixed)
+
+    # -- replicated across processes: each process holds it whole -------------
+    everywhere = NamedSharding(mesh, P())
+    for z in (
+        FrozenConst.from_callback(data.shape, everywhere, lambda index: data[index]),
+        FrozenConst(np.load(small, mmap_mode="r"), sharding=everywhere),
+    ):
+        np.testing.assert_array_equal(np.asarray(z), data, strict=True)
+        assert z.fingerprint == FrozenConst(data).fingerprint
+        np.testing.assert_array_equal(np.asarray(FrozenConst(z, dtype=np.float32)), data.astype(np.float32))
+        np.testing.assert_array_equal(np.asarray(pickle.loads(pickle.dumps(z))), data, strict=True)
+        total = jax.jit(jnp.sum)(z)  # a computation every process runs
+        assert int(total.addressable_shards[0].data) == int(data.sum())
+        assert "holds [:, :]" in repr(z), repr(z)
 
 
 if __name__ == "__main__":

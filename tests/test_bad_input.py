@@ -354,3 +354,110 @@ def test_format_matches_jax_array():
         format(jnp.arange(3.0), ".2f")
     with pytest.raises(TypeError):
         format(v, ".2f")
+
+
+# -- what the messages say NumPy and JAX do, checked against NumPy and JAX ------
+
+
+def _numpy_wraps_silently():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.array([300]).astype(np.uint8)[0] == 44
+    with pytest.raises(OverflowError):
+        jnp.asarray([300], jnp.uint8)
+
+
+def _numpy_gives_an_arbitrary_integer():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert np.array([1e20]).astype(np.int32)[0] != 1e20
+    with pytest.raises(OverflowError):
+        jnp.asarray([1e20], jnp.int32)
+    with pytest.raises(ValueError):
+        jnp.asarray([float("nan")], jnp.int32)
+
+
+def _complex_cast_drops_the_imaginary_part():
+    with pytest.warns(np.exceptions.ComplexWarning if hasattr(np, "exceptions") else np.ComplexWarning):
+        assert np.array([1 + 2j]).astype(np.float32)[0] == 1
+    with pytest.raises(TypeError):
+        jnp.asarray([1 + 2j], jnp.float32)
+
+
+def _complex_to_bool_is_nonzero():
+    # Neither refuses it: both say True for 1j, whose real part is zero.
+    assert np.asarray([1j], dtype=bool).tolist() == [True]
+    assert np.asarray(jnp.asarray([1j], dtype=bool)).tolist() == [True]
+    assert np.asarray(jnp.asarray(np.array([1j, 0j]), dtype=bool)).tolist() == [True, False]
+
+
+def _jax_wraps_64_bit_integers_without_x64():
+    with enable_x64(False):
+        assert int(np.asarray(jax.device_put(np.array([2**40])))[0]) == 0  # wrapped, silently
+        with pytest.raises(OverflowError):
+            jnp.asarray(2**40)
+
+
+def _jnp_refuses_python_ints_beyond_int64():
+    with enable_x64(True), pytest.raises(OverflowError):
+        jnp.asarray(2**64)
+
+
+def _numpy_drops_the_mask():
+    masked = np.ma.masked_array([1, 2], mask=[False, True])
+    assert type(np.asarray(masked)) is np.ndarray  # the mask is gone
+
+
+def _no_numpy_conversion():
+    pair = next(
+        ((a, b) for a in CANDIDATES for b in CANDIDATES if not np.can_cast(a, b, casting="unsafe")), None
+    )
+    if pair is None:  # pragma: no cover - an ml_dtypes with every conversion
+        pytest.skip("every pair of dtypes converts in this ml_dtypes")
+    with pytest.raises(TypeError):
+        np.zeros(2, pair[0]).astype(pair[1])
+    return pair
+
+
+@pytest.mark.parametrize(
+    ("build", "claim", "check"),
+    [
+        (lambda: FrozenConst([300], np.uint8), "NumPy's cast would wrap it silently", _numpy_wraps_silently),
+        (
+            lambda: FrozenConst(np.array([1e20]), np.int32),
+            "arbitrary integer.*OverflowError, or ValueError for NaN",
+            _numpy_gives_an_arbitrary_integer,
+        ),
+        (
+            lambda: FrozenConst([1 + 2j], np.float32),
+            "NumPy's cast drops them with a ComplexWarning.*"
+            "refuses a complex Python value there with a TypeError",
+            _complex_cast_drops_the_imaginary_part,
+        ),
+        (
+            lambda: FrozenConst([1j], dtype=bool),
+            "NumPy and `jnp.asarray` make each value True wherever its real or imaginary part is non-zero",
+            _complex_to_bool_is_nonzero,
+        ),
+        (
+            lambda: FrozenConst(np.array([1, 2**40])),
+            "would wrap that value silently \\(`jnp.asarray` raises OverflowError",
+            _jax_wraps_64_bit_integers_without_x64,
+        ),
+        (
+            lambda: FrozenConst([2**64]),
+            "`jnp.asarray` raises OverflowError",
+            _jnp_refuses_python_ints_beyond_int64,
+        ),
+        (lambda: FrozenConst(np.ma.masked_array([1.0])), "the mask would be lost", _numpy_drops_the_mask),
+        (
+            lambda: FrozenConst(np.zeros(2, _no_numpy_conversion()[0]), _no_numpy_conversion()[1]),
+            "NumPy has no such conversion",
+            _no_numpy_conversion,
+        ),
+    ],
+)
+def test_what_a_message_says_numpy_and_jax_do_is_what_they_do(build, claim, check):
+    with enable_x64(False), pytest.raises(REFUSALS, match=claim):
+        build()
+    check()

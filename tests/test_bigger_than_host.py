@@ -73,6 +73,38 @@ def test_from_callback_names_the_index_and_what_it_received():
         FrozenConst.from_callback((2,), sharding, lambda index: np.zeros(2), dtype=object)
 
 
+@pytest.mark.parametrize(
+    "data",
+    [np.arange(6, dtype=np.int32), np.arange(6, dtype=np.uint8), np.ones(6, np.float16), np.ones(6, bool)],
+)
+def test_from_callback_without_dtype_keeps_the_slices_dtype_as_jax_does(data):
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    x = FrozenConst.from_callback(data.shape, sharding, lambda index: data[index], dtype=None)
+    want = jax.make_array_from_callback(data.shape, sharding, lambda index: data[index])
+    assert x.dtype == data.dtype == want.dtype
+    np.testing.assert_array_equal(np.asarray(x), data, strict=True)
+    assert jax.numpy.asarray(x).dtype == want.dtype
+
+
+@pytest.mark.parametrize("shape", [(8.9, 4), (8, 4.0), 8.0, ("8", 4), (np.float64(8), 4)])
+def test_from_callback_refuses_a_shape_that_is_not_ints_as_numpy_and_jax_do(shape):
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    with pytest.raises(TypeError):
+        np.zeros(shape)
+    with pytest.raises(TypeError):
+        jax.make_array_from_callback(shape, sharding, lambda index: np.zeros((8, 4))[index])
+    with pytest.raises(FrozenConstTypeError, match=r"needs `shape` as a tuple of ints, but received"):
+        FrozenConst.from_callback(shape, sharding, lambda index: np.zeros((8, 4))[index], dtype=np.float32)
+
+
+def test_from_callback_takes_any_integer_shape():
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    x = FrozenConst.from_callback((np.int64(2), 3), sharding, lambda index: np.ones((2, 3))[index])
+    assert x.shape == (2, 3) and type(x.shape[0]) is int
+    with pytest.raises(FrozenConstValueError, match="non-negative"):
+        FrozenConst.from_callback((-1, 3), sharding, lambda index: np.ones((2, 3))[index])
+
+
 def _processes(count, path):
     """Run the worker in `count` processes; their exit codes and outputs."""
     port = free_port()
@@ -102,6 +134,19 @@ def test_each_process_freezes_only_its_share(tmp_path, count):
         growth, share, whole = map(int, line.split()[1:])
         # Checked in the worker too; here the figures land in the test report.
         assert share * count == whole and 0.9 * share <= growth <= 1.1 * share, (growth, share, whole)
+
+
+@pytest.mark.subprocess
+def test_edges_across_two_processes(tmp_path):
+    # A constant none of whose devices is in a process (from a callback and
+    # from a memory map), `dtype` inferred from the slices, and a sharding
+    # replicated across processes: the checks are in the worker (`edges`).
+    for _attempt in range(3):
+        codes, outputs = _processes(2, f"edges:{tmp_path / 'edges'}")
+        if codes == [0, 0] or not any("Address already in use" in o for o in outputs):
+            break
+    assert codes == [0, 0], "\n----\n".join(o[-4000:] for o in outputs)
+    assert "process 0 ok" in outputs[0] and "process 1 ok" in outputs[1]
 
 
 @pytest.mark.subprocess

@@ -287,3 +287,49 @@ def test_a_memory_mapped_source_is_copied_exactly_block_by_block(tmp_path, monke
     np.testing.assert_array_equal(np.asarray(source), data)  # the map still reads the same
     view = FrozenConst(source[1:])  # a view into the map, not at its start
     np.testing.assert_array_equal(np.asarray(view), data[1:])
+
+
+class _Wrapper:
+    """A user type that stands for an array through `__jax_array__` alone (JEP 28661)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __jax_array__(self):
+        return self.value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        jnp.arange(6.0).reshape(2, 3),
+        jnp.array([1, 2], jnp.int8),
+        np.arange(4, dtype=np.uint16),  # `__jax_array__` may return NumPy data; jnp.asarray takes it
+        jnp.asarray(2.5),
+    ],
+)
+def test_an_object_with_jax_array_is_held_as_jnp_asarray_holds_it(value):
+    obj = _Wrapper(value)
+    want = jnp.asarray(obj)
+    x = FrozenConst(obj)
+    assert (x.shape, x.dtype) == (want.shape, want.dtype)
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(want), strict=True)
+    np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), np.asarray(want), strict=True)
+    y = FrozenConst(obj, dtype=np.float32)  # with a conversion, as `jnp.asarray(obj, dtype=...)`
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(jnp.asarray(obj, dtype=np.float32)), strict=True)
+
+
+def test_an_object_with_jax_array_standing_for_a_traced_value_is_refused():
+    def build(v):
+        FrozenConst(_Wrapper(v * 2))
+        return v
+
+    with pytest.raises(TracedValueError, match=r"traced value \w+\[3\]"):
+        jax.jit(build)(jnp.ones(3))
+
+
+def test_an_object_with_jax_array_is_frozen_a_copy():
+    source = np.arange(4.0)
+    x = FrozenConst(_Wrapper(source))
+    source[0] = 99.0  # the caller's array, changed after construction
+    assert np.asarray(x)[0] == 0.0 and not np.asarray(x).flags.writeable

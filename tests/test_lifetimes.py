@@ -6,6 +6,7 @@ the operating system's RSS, each against `jax.jit` doing the same in the same te
 
 import gc
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -16,10 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import SIMPLIFIED, assert_float32_close, live_copies, unique_data
+from helpers import SIMPLIFIED, assert_float32_close, live_copies, run_bounded, subprocess_env, unique_data
 
 import frozenconst
-from frozenconst import FrozenConst
+from frozenconst import FrozenConst, _compat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -229,7 +230,7 @@ _GROWTH = textwrap.dedent(
     import gc, sys
     import jax, jax.numpy as jnp, numpy as np
     import frozenconst
-    from frozenconst import FrozenConst, _hoisting
+    from frozenconst import FrozenConst, _compat, _hoisting
 
     def rss():
         with open("/proc/self/statm") as f:
@@ -238,10 +239,14 @@ _GROWTH = textwrap.dedent(
     x = FrozenConst(np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))
     w = jnp.ones(8)
 
-    def fresh_context_per_trace(fun, **kw):
+    def isolated(fun, **kw):
         made = frozenconst.jit(fun, **kw)
         made._constants.protocol.inner = _hoisting.PARAMETER  # isolated from the first trace on
         return made
+
+    def fresh_context_per_trace(fun, **kw):
+        _compat._trace_object = None  # a trace context never used again (issue #19)
+        return isolated(fun, **kw)
 
     def growth(wrap, n):
         for _ in range(2):
@@ -255,7 +260,12 @@ _GROWTH = textwrap.dedent(
         return rss() - start
 
     n = int(sys.argv[1])
-    wraps = {"jax": jax.jit, "frozenconst": frozenconst.jit, "fresh": fresh_context_per_trace}
+    wraps = {
+        "jax": jax.jit,
+        "frozenconst": frozenconst.jit,
+        "isolated": isolated,
+        "fresh": fresh_context_per_trace,
+    }
     for name, wrap in wraps.items():
         print(name, growth(wrap, n))
     """
@@ -277,3 +287,35 @@ def test_functions_made_and_dropped_leave_memory_flat_as_jax_jit():
     leak = growth["fresh"] - growth["jax"]
     assert leak > 0, growth  # the observer sees the leak of a fresh context per trace
     assert growth["frozenconst"] - growth["jax"] < 0.1 * leak, growth
+    # Isolated traces (a constant used inside a nested trace) reuse their trace
+    # contexts once the trace is gone (issue #19): as flat.
+    assert growth["isolated"] - growth["jax"] < 0.1 * leak, growth
+
+
+# jax 0.6.2 (trace contexts carried by the source-file pattern): the contexts
+# are reused there too, yet an inner `jax.jit` still grows about 13 KiB per
+# function (against 0.2 KiB for jax.jit); not found yet (docs/jit.md).
+_OLD_INNER_JIT = pytest.mark.xfail(
+    isinstance(_compat._context_state, _compat._PatternContext),
+    reason="jax < 0.8: an inner jax.jit still grows about 13 KiB per function (issue #19)",
+    strict=False,
+)
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("form", ["scan", pytest.param("jit", marks=_OLD_INNER_JIT)])
+def test_functions_using_a_constant_in_a_nested_trace_grow_memory_as_jax_jit(form):
+    # Issue #19: each such function is traced in a trace context of its own, and
+    # a value used once and dropped left JAX's caches keyed by trace context an
+    # entry per library function traced under it: 21-32 KiB per function made
+    # and dropped (jax 0.10.2), against 0.4-0.7 KiB for jax.jit. The worker
+    # measures both in one process; 256 bytes per function is below what RSS
+    # resolves over this count (pages of 4 KiB), so a jax.jit growth under it
+    # counts as 256.
+    count = 1200
+    worker = pathlib.Path(__file__).resolve().parent / "memory_churn_worker.py"
+    code, out = run_bounded([sys.executable, str(worker), form, str(count)], 600, env=subprocess_env())
+    assert code == 0, out[-4000:]
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("GROWTH ")]
+    plain, ours = map(float, line.split()[2:])
+    assert ours <= 2 * max(plain, 256.0), (plain, ours)
