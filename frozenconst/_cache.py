@@ -189,6 +189,7 @@ class Store:
         "_lock",
         "_made",
         "_served",
+        "device_dtypes",
         "dtype",
         "hits",
         "serial",
@@ -208,6 +209,8 @@ class Store:
     def _setup(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
         self.shape: tuple[int, ...] = shape
         self.dtype: np.dtype[Any] = dtype
+        # `device_dtype()` under x64 off and on, each found on first need.
+        self.device_dtypes: list[np.dtype[Any] | None] = [None, None]
         self.serial = next_serial()
         self._lock = threading.Lock()
         self._fingerprint: str | None = None
@@ -221,6 +224,19 @@ class Store:
         # (declared sharding or None, default device or None, device dtype) -> array:
         # the device buffers themselves.
         self._made: dict[tuple[Sharding | None, Device | None, np.dtype[Any]], jax.Array] = {}
+
+    def device_dtype(self) -> np.dtype[Any]:
+        """The dtype JAX computes this constant's data with now (`x.dtype`), kept per x64 setting.
+
+        JAX reads `x.dtype` in its own calls (`jnp.add(x, 1)`), so this is on the
+        cache-hit path: a list index, where `device_dtype` canonicalizes afresh
+        (`python -m benchmarks compare`, "cache hit jnp.add(x, 1)").
+        """
+        x64: bool = X64.value
+        found = self.device_dtypes[x64]
+        if found is None:
+            found = self.device_dtypes[x64] = device_dtype(self.dtype)
+        return found
 
     @property
     def home(self) -> Sharding | None:

@@ -51,6 +51,10 @@ class Derived:
         dtype: np.dtype[Any] = np.dtype(self.leaf.dtype)
         return dtype
 
+    def device_dtype(self) -> np.dtype[Any]:
+        """The leaf's dtype: a transformation's value is JAX's already."""
+        return self.dtype
+
     def array(self, sharding: Sharding | None = None, traced: bool = True) -> Any:
         """The leaf itself (a derived value has no declared sharding)."""
         return self.leaf

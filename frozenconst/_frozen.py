@@ -12,7 +12,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 from numpy.typing import ArrayLike, DTypeLike
 
-from ._cache import Placement, Store, Use, device_dtype, owner_of
+from ._cache import Placement, Store, Use, owner_of
 from ._derived import Derived
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._host import frozen_copy
@@ -427,7 +427,7 @@ class FrozenConst(_StaticBase):
             >>> x.dtype, x.host_dtype
             (dtype('float32'), dtype('float64'))
         """
-        return device_dtype(self._store.dtype)
+        return self._store.device_dtype()
 
     @property
     def host_dtype(self) -> np.dtype[Any]:
