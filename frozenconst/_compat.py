@@ -134,14 +134,29 @@ _shared = next(_unique)
 # (every tracer holds its trace), so while any such entry lives the value is
 # not reused; entries without our tracers are what any trace of that kind
 # would cache. Kept per kind, so a reused entry resolved constants the way
-# the new trace would.
+# the new trace would. Except a trace that stood in a placeholder for a
+# constant it met first (`_hoisting.placeholder`, zeros, redone at once): the
+# zeros are a concrete array, not a tracer, so an inner `jax.jit` cached under
+# that value holds them without holding the trace, and a later trace reusing
+# the value would compute with zeros. Such a value is retired, never reused
+# (`retire_trace_context`; the composition property test found it).
 _free: dict[Hashable, list[int]] = {}
+_retired: set[int] = set()
 _free_lock = threading.Lock()
 
 
 def _release(kind: Hashable, value: int) -> None:
     with _free_lock:
-        _free.setdefault(kind, []).append(value)
+        if value in _retired:
+            _retired.discard(value)
+        else:
+            _free.setdefault(kind, []).append(value)
+
+
+def retire_trace_context(value: int) -> None:
+    """Never hand out `value` again: what JAX cached under it may hold this trace's placeholders."""
+    with _free_lock:
+        _retired.add(value)
 
 
 # The innermost active trace object, to learn when it is gone: private

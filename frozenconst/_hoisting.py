@@ -57,6 +57,7 @@ from jax.sharding import Sharding
 from ._compat import (
     current_trace,
     renew_shared_trace_context,
+    retire_trace_context,
     shared_trace_context,
     trace_context,
     trace_isolation,
@@ -201,6 +202,9 @@ class Protocol:
                 raise
         finally:
             leave()
+            if frame.pending and frame.inner is not STOP:
+                # Placeholders stood in for constants met first: never reuse this value.
+                retire_trace_context(context)
             learned(frame)
             if frame.inner is STOP and frame.nested:
                 self.inner = PARAMETER
