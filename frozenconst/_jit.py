@@ -70,8 +70,9 @@ class JitWrapped:
     How a newly met constant gets in: the trace that meets it lets it stand in
     as zeros (`_hoisting.resolve`) and notes it; at the end of the trace
     (`_hoisting.Protocol.trace`) `Rediscover` is raised through `jax.jit`, so
-    JAX caches nothing of that trace; the constant joins the group, and the
-    call is made again (`_again`, then `_call`). A constant JAX takes as a
+    JAX caches no program of that trace (inner functions it traced may stay in
+    JAX's caches, under a trace context never used again: `_hoisting`); the
+    constant joins the group, and the call is made again (`_again`, then `_call`). A constant JAX takes as a
     closed-over buffer (`Constants.captures`) never joins: the trace uses its
     buffer as `jax.jit` would.
 
