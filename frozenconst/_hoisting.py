@@ -23,7 +23,10 @@ A constant used inside a trace nested in ours (a `scan` body, an inner
 The first such use stops the trace (before JAX caches anything), and the
 function is traced again, and from then on always, in a trace context of its
 own (`_compat.trace_context`). On a JAX without that hook, such uses stay
-concrete buffers (correct, embedded by JAX's default pipeline).
+concrete buffers (correct, embedded by JAX's default pipeline). A context
+value goes back to a pool once its trace is gone (`_compat.unique_trace_context`),
+except where the trace handed out zeros for a constant met late: an inner
+`jax.jit` may have cached those zeros under it, so it is retired for good.
 
 How a use inside a nested trace resolves is a per-function state,
 `NestedUse`, which only `Protocol.trace` moves, at the end of a trace:
