@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import live_copies, unique_data
+from helpers import live_copies, raw_numpy_lowers, unique_data
 
 import frozenconst
 from frozenconst import FrozenConst
@@ -400,6 +400,11 @@ _LISTED = {**BYPASS_JAX_NUMPY, **TAKE_PYTREES}
 def test_every_nn_and_scipy_function_accepts_a_frozenconst_or_is_listed(module):
     tested, mismatched = _sweep(module)
     found = {line.split(":")[0]: line for line in mismatched}
+    if not raw_numpy_lowers():
+        # jax 0.7 to 0.9 under the simplified pipeline cannot lower a function that closes
+        # over a NumPy array (`ndtri`'s coefficient tables): `jax.jit(ndtri)` of a jax.Array
+        # fails there too, with this error. JAX's bug, not a refusal of FrozenConst.
+        found = {n: line for n, line in found.items() if "'TypedNdArray' object" not in line}
     unlisted = [line for name, line in found.items() if name not in _LISTED]
     assert not unlisted, "\n".join(unlisted)
     for name in found:
