@@ -7,6 +7,7 @@
     python -m benchmarks disk            # peak memory building constants from 256 MiB and 1 GiB .npy files
     python -m benchmarks multihost       # constants bigger than one host: per-process RSS, 2 and 4 processes
     python -m benchmarks constants       # per-call cost against the number of constants, with the peers
+    python -m benchmarks training        # the pytree choice, and training steps with a large table
     python -m benchmarks compare REV     # the core section's per-call figures: git revision REV's
                                          # frozenconst against the working tree's (not part of "all")
     python -m benchmarks --quick         # smaller sweeps (a smoke run)
@@ -27,7 +28,7 @@ import pathlib
 import statistics
 from typing import Any
 
-from . import compare, constants, core, disk, multihost, seed, seed_real
+from . import compare, constants, core, disk, multihost, seed, seed_real, training
 
 # Generated output (tables, JSON, plots), apart from the hand-written pages.
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
@@ -158,7 +159,7 @@ def main() -> None:
     parser.add_argument(
         "section",
         nargs="?",
-        choices=["all", "seed", "seed-real", "core", "constants", "disk", "multihost", "compare"],
+        choices=["all", "seed", "seed-real", "core", "constants", "training", "disk", "multihost", "compare"],
         default="all",
     )
     parser.add_argument(
@@ -184,6 +185,8 @@ def main() -> None:
         core.main(args.quick, DOCS)
     if args.section in ("all", "constants"):
         constants.main(args.quick, DOCS)
+    if args.section in ("all", "training"):
+        training.main(args.quick, DOCS)
     if args.section in ("all", "disk"):  # writes up to 1 GiB to a temporary directory
         disk.main([64] if args.quick else [256, 1024], DOCS)
     if args.section in ("all", "multihost"):

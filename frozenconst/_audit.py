@@ -23,12 +23,12 @@ from ._jit import EMBED_MAX_BYTES
 
 Kind = Literal["numpy", "jax", "frozenconst"]
 
-# Constants up to `EMBED_MAX_BYTES` are not worth a line of advice: cheaper
-# embedded than passed (JAX itself embeds anything up to
+# Constants up to `EMBED_MAX_BYTES` (1 KiB) are not worth a line of advice:
+# cheaper embedded than passed (JAX itself embeds anything up to
 # `jax_embedded_constants_max_bytes`, 32 bytes, as a literal), and what
-# `frozenconst.jit` embeds too.
-# Above this, embedding a constant into the program hurts compile time and memory.
-_EMBED_WARN_BYTES = 1 << 20
+# `frozenconst.jit` embeds too. Above it, `frozenconst.jit` makes a FrozenConst a
+# parameter, so the audit advises it for every larger constant JAX embeds: the
+# one threshold, stated in docs/memory.md.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +92,7 @@ class CapturedConstant:
                     else ""
                 )
             )
-        elif pipeline == "default" and self.nbytes >= _EMBED_WARN_BYTES:
+        elif pipeline == "default":
             found.append(
                 "embedded in the compiled program by jax.jit (default pipeline); fix: "
                 + (

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import threading
 import types
+import warnings
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeAlias
@@ -23,9 +24,10 @@ from jax.sharding import Sharding, SingleDeviceSharding
 from numpy.typing import DTypeLike
 
 from . import _hoisting
-from ._compat import DEFAULT_DEVICE, X64, Device, Tracer, eval_context
+from ._compat import DEFAULT_DEVICE, X64, Device, Tracer, eval_context, renew_trace_contexts, user_stacklevel
 from ._convert import as_dtype, check_narrowing
 from ._dtypes import native
+from ._errors import FrozenConstWarning
 from ._fingerprint import fingerprint
 from ._hoisting import next_serial
 from ._host import frozen_copy, human_bytes
@@ -338,7 +340,8 @@ class Store:
         made = (sharding, device, dtype)
         with self._lock:
             array = self._made.get(made)
-            if array is None or array.is_deleted():
+            lost = array is not None and array.is_deleted()
+            if array is None or lost:
                 self.check_device_dtype(dtype)  # x64 may have been switched off since construction
                 with eval_context():
                     array = self._transfer(sharding, dtype)
@@ -348,7 +351,27 @@ class Store:
                 OWNERS[id(array)] = self
             self._served[key] = array
             STATE.epoch += 1
-            return array
+        if lost:
+            self._lost()
+        return array
+
+    def _lost(self) -> None:
+        """A device buffer of this constant was deleted behind our back (donated to a jitted
+        function, or `jnp.asarray(x).delete()`), and made again: every program that captured
+        the old one traces again (issue #26), and the user hears of it once per line."""
+        for holder in list(FED):
+            holder.forget(self)
+        renew_trace_contexts()
+        warnings.warn(
+            f"The device buffer of FrozenConst {self.dtype}{list(self.shape)} was deleted (donated "
+            "to a jitted function, or deleted through `jnp.asarray(x)`), so frozenconst "
+            "transferred it again; `frozenconst.jit` functions trace again, and `jax.jit` "
+            "functions that closed over the old buffer raise 'Buffer has been deleted or "
+            "donated'. Keep constants out of donated arguments: donate "
+            "`frozenconst.partition(state)[0]` and pass the rest undonated (docs: Training).",
+            FrozenConstWarning,
+            stacklevel=user_stacklevel(),
+        )
 
     def _transfer(self, sharding: Sharding | None, dtype: np.dtype[Any]) -> jax.Array:
         """A new device buffer (called under the lock)."""
@@ -401,6 +424,12 @@ class Store:
             kept = {id(a) for a in self._made.values()}
             for key in [k for k, a in self._served.items() if id(a) not in kept]:
                 del self._served[key]
+
+    def lost_buffer(self) -> bool:
+        """Whether one of the device buffers made for this constant was deleted since
+        (donated, or `delete()`d through `jnp.asarray(x)`)."""
+        with self._lock:
+            return any(a.is_deleted() for a in self._made.values())
 
     def arrays(self) -> list[jax.Array]:
         """The live cached device buffers, one per placement, default ones first."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import itertools
 import os
 import threading
@@ -142,11 +143,14 @@ _shared = next(_unique)
 # (`retire_trace_context`; the composition property test found it).
 _free: dict[Hashable, list[int]] = {}
 _retired: set[int] = set()
+# Values handed out whose traces may still be alive.
+_in_use: set[int] = set()
 _free_lock = threading.Lock()
 
 
 def _release(kind: Hashable, value: int) -> None:
     with _free_lock:
+        _in_use.discard(value)
         if value in _retired:
             _retired.discard(value)
         else:
@@ -268,6 +272,8 @@ def unique_trace_context(kind: Hashable = None) -> int:
         # A trace without weak references (none known): the value is never reused.
         with contextlib.suppress(TypeError):
             weakref.finalize(trace, _release, kind, value)
+            with _free_lock:
+                _in_use.add(value)
     return value
 
 
@@ -280,6 +286,16 @@ def renew_shared_trace_context() -> None:
     """Share a fresh value from now on: what JAX cached under the old one is never reused."""
     global _shared
     _shared = next(_unique)
+
+
+def renew_trace_contexts() -> None:
+    """Reuse no trace-context value handed out so far: what JAX cached under each (a device
+    buffer since deleted, issue #26) is never looked up again. Values in use now are
+    not pooled when their traces end."""
+    renew_shared_trace_context()
+    with _free_lock:
+        _free.clear()
+        _retired.update(_in_use)
 
 
 # The trace currently active in this thread, compared with `==`: a use of a
@@ -525,3 +541,40 @@ def lowered_program(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 # --- end of no_numpy_constants block ---
+
+
+# A warning about what a user's own line did (an optimizer's `init` that made a
+# derived copy, a donation) names that line: the frames of these packages are
+# skipped, so Python shows it once per such line, not once per tree operation
+# inside them. (Python 3.12's `warnings.warn(skip_file_prefixes=...)` does the same
+# by file; 3.11 has no such argument.)
+_LIBRARIES = frozenset({"jax", "jaxlib", "frozenconst", "optax", "equinox", "flax", "chex", "orbax"})
+
+
+def user_stacklevel() -> int:
+    """The `stacklevel` that makes the caller's `warnings.warn` name the first frame outside
+    JAX, frozenconst and the training libraries."""
+    here = inspect.currentframe()
+    level, frame = 1, None if here is None else here.f_back
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").partition(".")[0] not in _LIBRARIES:
+            return level
+        level += 1
+        frame = frame.f_back
+    return level
+
+
+# The concrete arrays the innermost trace has captured so far (closed over, read
+# from a global): what JAX's default constant pipeline embeds in the program.
+# `frozenconst.jit` names the large ones it did not keep out (issue #25). Private
+# `jax._src.core.trace_ctx.trace.frame.constvar_to_val` (a dict of constvar to
+# value; checked on jax 0.6.2, 0.9.2, 0.10.2 and 0.12.0.1, where NumPy values
+# are wrapped as `TypedNdArray` views from 0.9 on); empty under the simplified
+# pipeline, which hoists them instead. Without it: no list, and no warning.
+def captured_arrays() -> list[Any]:
+    """The concrete values the innermost active trace closed over so far (none where unknown)."""
+    trace = None if _trace_object is None else _trace_object()
+    consts = getattr(getattr(trace, "frame", None), "constvar_to_val", None)
+    if not isinstance(consts, dict):
+        return []
+    return list(consts.values())

@@ -16,6 +16,7 @@ methods, and neither the handle nor they branch on which kind it is.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import jax
@@ -23,22 +24,38 @@ import numpy as np
 from jax.sharding import Sharding
 from numpy.typing import DTypeLike
 
+from . import _hoisting
 from ._cache import Store
+from ._compat import Tracer, user_stacklevel
 from ._convert import to_numpy
-from ._errors import FrozenConstTypeError
-from ._host import freeze, frozen_copy
+from ._errors import FrozenConstTypeError, FrozenConstWarning
+from ._hoisting import next_serial
+from ._host import freeze, frozen_copy, human_bytes
 
 
 class Derived:
-    """A transformation's value in a FrozenConst's place: a leaf, and, on request, a frozen copy of it."""
+    """A transformation's value in a FrozenConst's place: a leaf, and, on request, a frozen copy of it.
 
-    __slots__ = ("_frozen", "leaf")
+    To autodiff it is a constant, as the constant it stands for is: a traced
+    leaf enters every computation through `lax.stop_gradient`, so `jax.grad`
+    with respect to a tree holding a FrozenConst gives it a zero gradient
+    (docs/model.md, "What a FrozenConst is to pytree tools"). A concrete leaf
+    (a jitted function's output, an optimizer's update) that `frozenconst.jit`
+    meets while tracing is a parameter of the program there, as a constant is,
+    never embedded in it.
+    """
+
+    __slots__ = ("__weakref__", "_frozen", "hits", "leaf", "serial")
 
     concrete = False
 
     def __init__(self, leaf: Any) -> None:
         self.leaf = leaf
         self._frozen: Store | None = None
+        # As a store's: `frozenconst.jit` numbers what it meets (`_hoisting.resolve`),
+        # and counts the hits of what it feeds (`Store.count_hits`).
+        self.serial = next_serial()
+        self.hits = 0
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -56,8 +73,17 @@ class Derived:
         return self.dtype
 
     def array(self, sharding: Sharding | None = None, traced: bool = True) -> Any:
-        """The leaf itself (a derived value has no declared sharding)."""
-        return self.leaf
+        """The leaf (a derived value has no declared sharding): behind `lax.stop_gradient`
+        where it is traced, and, where `frozenconst.jit` traces and it is a concrete
+        `jax.Array`, what it stands for there (`_hoisting.resolve`), as for a constant."""
+        leaf = self.leaf
+        if isinstance(leaf, Tracer):
+            return jax.lax.stop_gradient(leaf)
+        if traced and _hoisting.active and _hoisting.scope.frames and isinstance(leaf, jax.Array):
+            value = _hoisting.resolve(self, sharding)
+            if value is not None:
+                return value
+        return leaf
 
     def frozen(self) -> Store:
         """A store of a frozen copy of the leaf, made once: no path hands out memory that
@@ -78,10 +104,27 @@ class Derived:
     def constant(self, what: str) -> Store:
         """Refused: `what` needs the constant itself."""
         raise FrozenConstTypeError(
-            f"`{what}` needs the constant itself, but this FrozenConst is a value derived "
-            f"from one inside a transformation ({self.leaf!r}). Call it on the original, "
-            "outside the transformation."
+            f"`{what}` needs the constant itself, but this FrozenConst is a value derived from "
+            f"one ({self.describe_leaf()}): what a transformation, a jitted function's output or "
+            "an optimizer put in a constant's place. Call it on the original constant, and keep "
+            "constants out of what you train and return (docs: Training)."
         )
+
+    def describe_leaf(self) -> str:
+        """What the leaf is, in words, without its data: kind, dtype, shape and size."""
+        leaf = self.leaf
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if shape is None or dtype is None:
+            return f"a `{type(leaf).__name__}`"
+        kind = (
+            "a traced value"
+            if isinstance(leaf, Tracer)
+            else "a jax.Array"
+            if isinstance(leaf, jax.Array)
+            else f"a `{type(leaf).__name__}`"
+        )
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return f"{kind}, {np.dtype(dtype)}{list(shape)}, {human_bytes(nbytes)}"
 
     def with_dtype(self, dtype: DTypeLike | None) -> Store:
         """The store of `FrozenConst(x, dtype)`: a frozen copy of the leaf."""
@@ -97,3 +140,21 @@ class Derived:
 
     def evict(self, sharding: Sharding | None = None) -> None:
         """Nothing to evict."""
+
+
+def warn_derived_copy(derived: Derived) -> None:
+    """Say that a FrozenConst was rebuilt around a new concrete array: no longer the constant."""
+    warnings.warn(
+        f"A FrozenConst now holds {derived.describe_leaf()} that is not the constant's own "
+        "buffer: what an optimizer's `init` or `update`, a gradient, or a jitted function "
+        "returning the model (`nnx.jit`, `eqx.filter_jit`, `jax.jit`) puts in a constant's "
+        "place. This derived copy is a second device buffer, an optimizer may change it "
+        "(weight decay does), and it is no constant to `stats()`, `on` or `placed`. Keep "
+        "constants out of what you train and return: train `frozenconst.partition(tree)[0]` "
+        "(optax, plain JAX) or `eqx.partition(model, frozenconst.is_trainable, "
+        "is_leaf=frozenconst.is_frozen)` (equinox), compile with `frozenconst.filter_jit`, "
+        "and return only `nnx.state(..., nnx.Variable)` from a flax NNX step "
+        '(docs: Training, "What each idiom does").',
+        FrozenConstWarning,
+        stacklevel=user_stacklevel(),
+    )

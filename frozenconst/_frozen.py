@@ -13,7 +13,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 from numpy.typing import ArrayLike, DTypeLike
 
 from ._cache import Placement, Store, Use, owner_of
-from ._derived import Derived
+from ._compat import Tracer
+from ._derived import Derived, warn_derived_copy
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._host import frozen_copy
 from ._partial import as_shape, from_callback, from_source, lazily_sliceable, spans_processes
@@ -193,13 +194,20 @@ class FrozenConst(_StaticBase):
         From the constant's own cached buffer (passed through `jit`, rebuilt by
         `eqx.combine` or a flax NNX state round trip), the constant itself; from
         anything else (a tracer, a gradient, a mapped result), a derived value
-        that never claims the original's host data.
+        that never claims the original's host data and contributes no gradient.
+        A derived value around a new concrete `jax.Array` (an optimizer's state or
+        update, a jitted function's output) warns once per line of user code:
+        nothing else tells a user that their model no longer holds the constant
+        (docs/training.md, "What each idiom does").
         """
         (leaf,) = children
         owner = owner_of(leaf)
         if owner is not None:
             return cls._of(*owner)
-        return cls._of(Derived(leaf))
+        derived = Derived(leaf)
+        if isinstance(leaf, jax.Array) and not isinstance(leaf, Tracer):
+            warn_derived_copy(derived)
+        return cls._of(derived)
 
     # -- the device side -------------------------------------------------------
 
@@ -644,6 +652,14 @@ def adopt_host(host: np.ndarray[Any, Any]) -> FrozenConst:
 def use_of(x: FrozenConst) -> Use:
     """What `frozenconst.jit` passes for the constant `x`: its store and declared sharding."""
     return x._store.constant("frozenconst.jit"), x._sharding  # pyright: ignore[reportPrivateUsage]
+
+
+def derived_leaf(x: object) -> Any | None:
+    """The value a FrozenConst holding a derived value holds (a tracer inside a transformation);
+    None for a constant or anything else."""
+    if isinstance(x, FrozenConst) and isinstance(x._store, Derived):  # pyright: ignore[reportPrivateUsage]
+        return x._store.leaf  # pyright: ignore[reportPrivateUsage]
+    return None
 
 
 def _unwrap(value: Any) -> Any:

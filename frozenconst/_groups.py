@@ -19,16 +19,27 @@ import functools
 import inspect
 import math
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ._argnums import Argnums
-from ._cache import FED, STATE, FedArrays, Store, Use, setting_key
-from ._compat import SIMPLIFIED_CONSTANTS, on_clear_caches, trace_identity, warn_degraded
+from ._cache import FED, STATE, FedArrays, Store, Use, owner_of, setting_key
+from ._compat import (
+    SIMPLIFIED_CONSTANTS,
+    Tracer,
+    captured_arrays,
+    on_clear_caches,
+    trace_identity,
+    user_stacklevel,
+    warn_degraded,
+)
+from ._errors import FrozenConstWarning
 from ._frozen import FrozenConst, use_of
 from ._hoisting import Frame, Protocol, tracing
 from ._targets import mesh_of
@@ -150,6 +161,8 @@ class Constants(FedArrays):
         # How a constant used inside a nested trace resolves, moved by the traces
         # (`_hoisting.Protocol`).
         self.protocol = Protocol(capture_max)
+        # Whether a trace warned of large arrays it closed over (`warn_embedded`): once.
+        self.warned_embedding = False
         if not on_clear_caches(self, "frozenconst.jit constants"):
             warn_degraded(
                 "`jax.clear_caches()` cannot reach frozenconst.jit's constants on this JAX, so a "
@@ -226,6 +239,37 @@ class Constants(FedArrays):
             if renew is not None:
                 renew()
 
+    def warn_embedded(self) -> None:
+        """Say, once per function, which large concrete arrays the trace in progress closed over
+        without frozenconst keeping them out (a `jax.Array`, a NumPy array): JAX's default
+        pipeline embeds each in the program (issue #25). Called at the end of a trace."""
+        if self.warned_embedding or SIMPLIFIED_CONSTANTS:
+            return
+        large = [
+            a
+            for a in captured_arrays()
+            if _nbytes(a) > self.capture_max and owner_of(a) is None and not isinstance(a, Tracer)
+        ]
+        if not large:
+            return
+        self.warned_embedding = True
+        names = ", ".join(
+            f"{_kind(a)} {np.dtype(a.dtype)}{list(a.shape)} ({_found(self._fun, a)})" for a in large
+        )
+        warnings.warn(
+            f"frozenconst.jit: `{getattr(self._fun, '__qualname__', self._fun)!s}` closes over {names}, "
+            "which JAX's default constant pipeline embeds in the compiled program, as jax.jit "
+            f"does (frozenconst.jit keeps out FrozenConsts above {self.capture_max} bytes, "
+            "`embed_max_bytes`). Wrap each once in `frozenconst.FrozenConst`, or pass it as an "
+            "argument.",
+            FrozenConstWarning,
+            stacklevel=user_stacklevel(),
+        )
+
+    def lost_captured(self) -> bool:
+        """Whether a device buffer that a trace captured was deleted since (donated elsewhere)."""
+        return any(store.lost_buffer() for store in list(self.captured))
+
     def cache_info(self) -> int:
         """How many static configurations are known (for JAX's cache listings)."""
         return len(self.groups)
@@ -255,6 +299,41 @@ def visible_constants(fun: Callable[..., Any]) -> list[Use]:
             if use not in found:
                 found.append(use)
     return found
+
+
+def _nbytes(array: Any) -> int:
+    shape, dtype = getattr(array, "shape", None), getattr(array, "dtype", None)
+    if shape is None or dtype is None:
+        return 0
+    nbytes: int = math.prod(shape) * np.dtype(dtype).itemsize
+    return nbytes
+
+
+def _kind(array: Any) -> str:
+    return "a jax.Array" if isinstance(array, jax.Array) else "a NumPy array"
+
+
+def _same(array: Any, value: Any) -> bool:
+    if value is array:
+        return True
+    # jax >= 0.9 records a NumPy constant as a view of it (`TypedNdArray`).
+    return isinstance(value, np.ndarray) and isinstance(array, np.ndarray) and array.base is value
+
+
+def _found(fun: Callable[..., Any], array: Any) -> str:
+    """Where `fun` reaches `array`, in words: closed over, a global, or only by tracing."""
+    unwrapped: Any = inspect.unwrap(fun)
+    code = getattr(unwrapped, "__code__", None)
+    cells = getattr(unwrapped, "__closure__", None) or ()
+    if code is not None:
+        for name, cell in zip(code.co_freevars, cells, strict=False):
+            if _filled(cell) and _same(array, cell.cell_contents):
+                return f"closed over as `{name}`"
+        module_globals = getattr(unwrapped, "__globals__", {})
+        for name in code.co_names:
+            if name in module_globals and _same(array, module_globals[name]):
+                return f"the global `{name}`"
+    return "reached while tracing: an attribute, an entry, a derived FrozenConst's value"
 
 
 def _filled(cell: Any) -> bool:

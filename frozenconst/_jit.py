@@ -27,9 +27,7 @@ import jax
 
 from ._argnums import Argnums, shift
 from ._cache import Use
-from ._compat import (
-    SIMPLIFIED_CONSTANTS,
-)
+from ._compat import SIMPLIFIED_CONSTANTS, renew_trace_contexts
 from ._errors import FrozenConstRuntimeError, FrozenConstTypeError
 from ._frozen import FrozenConst
 from ._groups import Constants, Group
@@ -147,8 +145,10 @@ class JitWrapped:
                 return self._jitted(consts, *args, **kwargs)
             except Rediscover:
                 pass  # called again below: an error there is not raised "during handling" of this
-            except RuntimeError as err:
-                return self._jitted(self._refed(consts, err, group, args, kwargs), *args, **kwargs)
+            except (RuntimeError, ValueError) as err:
+                if not self._constants.lost_captured():
+                    return self._jitted(self._refed(consts, err, group, args, kwargs), *args, **kwargs)
+                self._recapture()
             return self._again(lambda g, c: self._call(g, c, args, kwargs), args, kwargs)
         except Exception as err:
             hide_own_frames(err)
@@ -161,11 +161,15 @@ class JitWrapped:
             consts = self._not_donated(consts, args, kwargs)
         try:
             return self._jitted(consts, *args, **kwargs)
-        except RuntimeError as err:
+        except (RuntimeError, ValueError) as err:
             # XLA refuses a call before running it when a fed buffer was deleted
             # since (donated elsewhere) or is donated by this very call: feed
-            # afresh, or a copy. Any other RuntimeError is the caller's.
-            return self._jitted(self._refed(consts, err, group, args, kwargs), *args, **kwargs)
+            # afresh, or a copy; where a buffer JAX captured was deleted, trace
+            # again (`_recapture`). Any other error is the caller's.
+            if not self._constants.lost_captured():
+                return self._jitted(self._refed(consts, err, group, args, kwargs), *args, **kwargs)
+            self._recapture()
+            return self._jitted(group.arrays(args, kwargs), *args, **kwargs)
 
     def _again(self, step: Callable[[Group, tuple[jax.Array, ...]], Any], args: Any, kwargs: Any) -> Any:
         """`step(group, arrays)` with the call's group and its arrays, until no trace meets a new constant."""
@@ -181,8 +185,19 @@ class JitWrapped:
             "(each clears what the traces learned); otherwise it is a bug, please report it."
         )
 
+    def _recapture(self) -> None:
+        """A device buffer that JAX captured in this function's programs was deleted (donated
+        to another function, issue #26): the next trace captures the constant's new buffer.
+
+        JAX keeps a captured buffer in its caches, of this function and of inner functions
+        traced inside it, and refuses every later call with "Buffer has been deleted or
+        donated". A new traced function and new trace contexts miss all of those caches.
+        """
+        self._constants.forget()
+        renew_trace_contexts()
+
     def _refed(
-        self, consts: tuple[jax.Array, ...], err: RuntimeError, group: Group, args: Any, kwargs: Any
+        self, consts: tuple[jax.Array, ...], err: Exception, group: Group, args: Any, kwargs: Any
     ) -> tuple[jax.Array, ...]:
         """The arrays to call again with after XLA refused `consts`; re-raises `err` if that is not why."""
         deleted = any(a.is_deleted() for a in consts)
@@ -284,12 +299,14 @@ def _make_traced(fun: Callable[..., Any], constants: Constants) -> Callable[...,
 
     def traced(consts: tuple[Any, ...], /, *args: Any, **kwargs: Any) -> Any:
         group = constants.group(args, kwargs)
-        return constants.protocol.trace(
+        out = constants.protocol.trace(
             lambda: _resolved(fun(*args, **kwargs)),
             dict(zip(group.uses, consts, strict=False)),
             constants.captures,
             lambda frame: constants.learn(frame, args, kwargs),
         )
+        constants.warn_embedded()
+        return out
 
     try:
         signature = inspect.signature(fun)

@@ -53,6 +53,30 @@ def test_same_code_with_a_frozenconst_reports_no_numpy_and_no_duplicates():
         assert any("frozenconst.jit" in line for line in report.lines())  # 1 MiB embedded
 
 
+@pytest.mark.parametrize("nbytes", [1028, 256 << 10])
+def test_every_frozenconst_jax_embeds_above_the_threshold_gets_the_advice(nbytes):
+    # The threshold is frozenconst.jit's own `embed_max_bytes` (1 KiB): above it, the
+    # audit advises frozenconst.jit for what plain jax.jit embeds (issue #25: a 256 KiB
+    # table used 8 times found "No problems" while JAX embedded 527 KB).
+    table = FrozenConst(unique_data((nbytes // 4,)))
+
+    def uses(t, w):
+        return sum(jnp.sum(t * w * i) for i in range(8))
+
+    w = jnp.ones(nbytes // 4)
+    closed = len(jax.jit(lambda w: uses(table, w)).lower(w).as_text())
+    passed = len(jax.jit(uses).lower(table, w).as_text())
+    report = frozenconst.audit(jax.jit(lambda w: uses(table, w)), w)
+    if SIMPLIFIED:
+        assert closed < 1.5 * passed  # JAX passes the buffer: nothing embedded
+        assert "No problems" in str(report)
+    else:
+        assert closed > passed + 1.5 * nbytes  # embedded, two hex digits a byte
+        assert any("compile with `frozenconst.jit`" in line for line in report.lines())
+    at_threshold = FrozenConst(unique_data((256,)))  # 1024 bytes: embedded by frozenconst.jit too
+    assert "No problems" in str(frozenconst.audit(jax.jit(lambda w: at_threshold * w), jnp.ones(256)))
+
+
 def test_frozenconst_jit_keeps_the_data_out_of_the_program():
     table = FrozenConst(unique_data((512, 256)))
     report = frozenconst.audit(frozenconst.jit(_seed(table)), jnp.ones((256, 4)))

@@ -22,7 +22,16 @@ LAYERS = [
     ["_groups"],
     ["_stages"],
     ["_jit"],
-    ["_audit", "_checkpoints", "_flax", "_intern", "_training", "strategies", "_hypothesis_hook"],
+    [
+        "_audit",
+        "_checkpoints",
+        "_filter_jit",
+        "_flax",
+        "_intern",
+        "_training",
+        "strategies",
+        "_hypothesis_hook",
+    ],
     ["_guard"],
     ["_pytest_plugin", "__init__", "__main__"],
 ]

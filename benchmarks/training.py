@@ -1,0 +1,383 @@
+"""What a FrozenConst costs under the training idioms, and why it is a one-leaf pytree.
+
+    python -m benchmarks training            # 64 MiB table for the steps
+    python -m benchmarks training --quick    # 4 MiB
+
+Two parts, each in one process per constant pipeline:
+
+- **The pytree choice** (issue #25). Three stand-in types with `__jax_array__`
+  and the registrations a FrozenConst could have: one leaf and no auxiliary
+  data (frozenconst's), no leaf (the constant in the auxiliary data), and one
+  leaf with the constant's identity in the auxiliary data. For each: the
+  program `jnp.dot` compiles eagerly for a 1 MiB constant (HLO bytes), the
+  compilations for 8 constants of one shape (eager `jnp.dot` and a `jax.jit`
+  function taking them as arguments), and the per-call time of that function
+  against frozenconst's choice, interleaved rounds.
+- **Training steps** with a large table in the model (`nnx.data`), timed per
+  step (medians of interleaved rounds, each batch of steps waited for): the
+  flax NNX tutorial step (`nnx.Optimizer(wrt=nnx.Param)`, `nnx.jit`) without
+  the table, with a FrozenConst, with a plain `jax.Array` (what NNX costs any
+  array held as data: the floor), and the recipe of docs/training.md
+  (`nnx.split` once, `jax.jit` returning only the Variables) with a FrozenConst;
+  and an equinox step returning the whole model under `eqx.filter_jit` and
+  under `frozenconst.filter_jit`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import pathlib
+import random
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ._harness import pipeline_env, run_worker
+
+CHOICES = {
+    "one leaf, no aux (frozenconst)": "leaf",
+    "no leaf (constant in aux)": "leafless",
+    "one leaf, identity in aux": "keyed",
+}
+
+
+def _stand_ins() -> dict[str, type]:
+    import jax
+    import jax.numpy as jnp
+
+    class Key:
+        __slots__ = ("obj",)
+
+        def __init__(self, obj: Any) -> None:
+            self.obj = obj
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Key) and other.obj is self.obj
+
+        def __hash__(self) -> int:
+            return id(self.obj)
+
+    def make(name: str) -> type:
+        class Const:
+            __slots__ = ("array", "key")
+
+            def __init__(self, data: Any) -> None:
+                self.array = jnp.asarray(data)
+                self.key = Key(self)
+
+            def __jax_array__(self) -> Any:
+                return self.array
+
+            @property
+            def shape(self) -> Any:
+                return self.array.shape
+
+            @property
+            def dtype(self) -> Any:
+                return self.array.dtype
+
+        Const.__name__ = name
+        return Const
+
+    leaf, leafless, keyed = make("Leaf"), make("Leafless"), make("Keyed")
+    jax.tree_util.register_pytree_node(leaf, lambda c: ((c.array,), None), lambda _, ch: _rebuild(leaf, ch))
+    jax.tree_util.register_pytree_node(leafless, lambda c: ((), c.key), lambda k, _: k.obj)
+    jax.tree_util.register_pytree_node(
+        keyed, lambda c: ((c.array,), c.key), lambda k, ch: _rebuild(keyed, ch)
+    )
+    return {"leaf": leaf, "leafless": leafless, "keyed": keyed}
+
+
+def _rebuild(cls: type, children: Any) -> Any:
+    out: Any = object.__new__(cls)
+    out.array = children[0]
+    out.key = None
+    return out
+
+
+class _Compiles(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "Finished XLA compilation" in record.getMessage():
+            self.count += 1
+
+
+def _choice_rows(quick: bool) -> list[dict[str, Any]]:
+    import jax
+    import jax.numpy as jnp
+
+    kinds = _stand_ins()
+    rng = np.random.default_rng(0)
+    shape = (512, 512)  # 1 MiB of float32
+    w = jnp.ones((shape[1], 4), jnp.float32)
+    handler = _Compiles()
+    logger = logging.getLogger("jax")
+    logger.addHandler(handler)
+    jax.config.update("jax_log_compiles", True)  # type: ignore[no-untyped-call,unused-ignore]
+    logger.setLevel(logging.WARNING)
+    rows = []
+    calls: dict[str, Callable[[], Any]] = {}
+    for label, kind in CHOICES.items():
+        cls = kinds[kind]
+        consts = [cls(rng.standard_normal(shape).astype(np.float32)) for _ in range(8)]
+        hlo = len(jax.jit(jnp.dot).lower(consts[0], w).as_text())
+        handler.count = 0
+        for c in consts:
+            jnp.dot(c, w).block_until_ready()
+        eager = handler.count
+        f = jax.jit(lambda c, w: jnp.asarray(c)[0, 0] + w[0, 0])
+        handler.count = 0
+        for c in consts:
+            f(c, w).block_until_ready()
+        as_argument = handler.count
+        calls[label] = functools.partial(f, consts[0], w)
+        rows.append(
+            {
+                "choice": label,
+                "eager_hlo_bytes": hlo,
+                "eager_compiles_8_constants": eager,
+                "jit_argument_compiles_8_constants": as_argument,
+            }
+        )
+    jax.config.update("jax_log_compiles", False)  # type: ignore[no-untyped-call,unused-ignore]
+    logger.removeHandler(handler)
+    times = _interleaved(calls, n=200, rounds=9 if quick else 21)
+    base = "one leaf, no aux (frozenconst)"
+    for row in rows:
+        label = str(row["choice"])
+        row["jit_argument_call_us"] = times[label]["us"]
+        row["jit_argument_call_ratio"] = times[label]["ratio_to"][base]
+    return rows
+
+
+def _interleaved(calls: dict[str, Callable[[], Any]], n: int, rounds: int) -> dict[str, dict[str, Any]]:
+    """Per-call medians over rounds in shuffled order, each batch waited for; per-round ratios."""
+
+    names = list(calls)
+    for fn in calls.values():
+        _wait(fn())
+    per: dict[str, list[float]] = {k: [] for k in names}
+    order = random.Random(0)
+    for _ in range(rounds):
+        order.shuffle(names)
+        for k in names:
+            fn = calls[k]
+            start = time.perf_counter()
+            out = [fn() for _ in range(n)]
+            _wait(out)
+            per[k].append((time.perf_counter() - start) / n)
+            del out
+    result: dict[str, dict[str, Any]] = {}
+    for k in calls:
+        result[k] = {
+            "us": statistics.median(per[k]) * 1e6,
+            "ratio_to": {
+                b: statistics.median(a / c for a, c in zip(per[k], per[b], strict=True)) for b in calls
+            },
+        }
+    return result
+
+
+def _wait(out: Any) -> None:
+    import jax
+
+    jax.block_until_ready(out)  # type: ignore[no-untyped-call,unused-ignore]  # unannotated in jax 0.10
+
+
+def _step_rows(mib: float, quick: bool) -> list[dict[str, Any]]:
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    import optax  # type: ignore[import-untyped,unused-ignore]
+    from flax import nnx
+
+    import frozenconst
+
+    rows_n = int(mib * 2**20 / 4 / 64)
+    data = np.random.default_rng(1).standard_normal((rows_n, 64)).astype(np.float32)
+    x = jnp.ones((8, 64), jnp.float32)
+
+    class Net(nnx.Module):
+        def __init__(self, table: Any, rngs: nnx.Rngs) -> None:
+            self.pos = nnx.data(table)
+            self.lin = nnx.Linear(64, 4, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            h = x if self.pos is None else x + self.pos[:8]
+            return self.lin(h)
+
+    def tutorial(table: Any) -> Callable[[], Any]:
+        net = Net(table, nnx.Rngs(0))
+        opt = nnx.Optimizer(net, optax.adamw(1e-3, weight_decay=0.1), wrt=nnx.Param)
+
+        @nnx.jit
+        def step(net: Any, opt: Any, x: Any) -> Any:
+            loss, grads = nnx.value_and_grad(lambda m: jnp.sum(m(x) ** 2))(net)
+            opt.update(net, grads)
+            return loss
+
+        return lambda: step(net, opt, x)
+
+    def recipe(table: Any) -> Callable[[], Any]:
+        net = Net(table, nnx.Rngs(0))
+        opt = nnx.Optimizer(net, optax.adamw(1e-3, weight_decay=0.1), wrt=nnx.Param)
+        graphdef, state = nnx.split((net, opt))
+
+        @jax.jit
+        def step(state: Any, x: Any) -> Any:
+            net, opt = nnx.merge(graphdef, state)
+            grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(net)
+            opt.update(net, grads)
+            return nnx.state((net, opt), nnx.Variable)
+
+        holder = {"state": state}
+
+        def call() -> Any:
+            out = step(holder["state"], x)
+            nnx.update((net, opt), out)
+            holder["state"] = nnx.state((net, opt))
+            return out
+
+        return call
+
+    class Model(eqx.Module):
+        emb: Any
+        lin: eqx.nn.Linear
+
+        def __call__(self, x: Any) -> Any:
+            return jax.vmap(self.lin)(x + self.emb[:8])
+
+    def eqx_step(jit: Callable[..., Any], table: Any) -> Callable[[], Any]:
+        model = Model(table, eqx.nn.Linear(64, 4, key=jax.random.key(0)))
+        params, _ = eqx.partition(model, frozenconst.is_trainable, is_leaf=frozenconst.is_frozen)
+        opt = optax.adamw(1e-3, weight_decay=0.1)
+        holder = {"model": model, "opt": opt.init(params)}
+
+        @jit
+        def step(model: Any, opt_state: Any, x: Any) -> Any:
+            params, static = eqx.partition(model, frozenconst.is_trainable, is_leaf=frozenconst.is_frozen)
+            grads = eqx.filter_grad(lambda p: jnp.sum(eqx.combine(p, static)(x) ** 2))(params)
+            updates, opt_state = opt.update(grads, opt_state, params)
+            return eqx.combine(eqx.apply_updates(params, updates), static), opt_state
+
+        def call() -> Any:
+            holder["model"], holder["opt"] = step(holder["model"], holder["opt"], x)
+            return holder["opt"]
+
+        return call
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tutorial step's derived copies warn: that is measured here
+        calls = {
+            "nnx tutorial step, no table": tutorial(None),
+            "nnx tutorial step, FrozenConst": tutorial(frozenconst.FrozenConst(data)),
+            "nnx tutorial step, jax.Array (the floor)": tutorial(jnp.asarray(data)),
+            "nnx recipe (split, jax.jit), FrozenConst": recipe(frozenconst.FrozenConst(data)),
+            "eqx step returning the model, eqx.filter_jit": eqx_step(
+                eqx.filter_jit, frozenconst.FrozenConst(data)
+            ),
+            "eqx step returning the model, frozenconst.filter_jit": eqx_step(
+                frozenconst.filter_jit, frozenconst.FrozenConst(data)
+            ),
+        }
+        times = _interleaved(calls, n=5 if quick else 10, rounds=7 if quick else 15)
+    base = "nnx tutorial step, no table"
+    return [
+        {"step": k, "mib": mib, "ms": v["us"] / 1e3, "ratio_to_no_table": v["ratio_to"][base]}
+        for k, v in times.items()
+    ]
+
+
+def _worker(quick: bool) -> None:
+    import jax
+
+    mib = 4.0 if quick else 64.0
+    out = {
+        "choices": _choice_rows(quick),
+        "steps": _step_rows(mib, quick),
+        "jax": jax.__version__,
+    }
+    print(json.dumps(out))
+
+
+def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
+    head = "| " + " | ".join(c[1] for c in columns) + " |"
+    rule = "|" + "|".join("---" if c[2] == "s" else "---:" for c in columns) + "|"
+    body = [
+        "| " + " | ".join(f"{r[key]:{fmt}}" if fmt != "s" else str(r[key]) for key, _, fmt in columns) + " |"
+        for r in rows
+    ]
+    return "\n".join([head, rule, *body])
+
+
+def main(quick: bool, docs: pathlib.Path) -> None:
+    from .seed import environment
+
+    results = {}
+    for pipeline, flag in (("default", None), ("simplified", "1")):
+        results[pipeline] = run_worker(
+            "benchmarks.training",
+            ["--quick"] if quick else [],
+            f"training ({pipeline})",
+            env=pipeline_env(flag),
+        )
+    lines = [
+        "# Benchmark results: the training idioms",
+        "",
+        f"Produced by `python -m benchmarks training{' --quick' if quick else ''}` on:",
+        "",
+        "\n".join(f"- {k}: {v}" for k, v in environment().items()),
+        "",
+    ]
+    for pipeline, result in results.items():
+        lines += [
+            f"## The pytree choice, {pipeline} pipeline",
+            "",
+            _table(
+                result["choices"],
+                [
+                    ("choice", "registration", "s"),
+                    ("eager_hlo_bytes", "eager `jnp.dot`, HLO bytes (1 MiB constant)", ",d"),
+                    ("eager_compiles_8_constants", "eager `jnp.dot`, compiles for 8 constants", "d"),
+                    (
+                        "jit_argument_compiles_8_constants",
+                        "`jax.jit` argument, compiles for 8 constants",
+                        "d",
+                    ),
+                    ("jit_argument_call_us", "`jax.jit` argument, µs per call", ".1f"),
+                    ("jit_argument_call_ratio", "ratio to frozenconst's", ".2f"),
+                ],
+            ),
+            "",
+            f"## Training steps, {pipeline} pipeline",
+            "",
+            _table(
+                result["steps"],
+                [
+                    ("step", "step", "s"),
+                    ("mib", "table MiB", ".0f"),
+                    ("ms", "ms per step", ".2f"),
+                    ("ratio_to_no_table", "ratio to the step without the table", ".2f"),
+                ],
+            ),
+            "",
+        ]
+    docs.mkdir(parents=True, exist_ok=True)
+    (docs / "training-results.md").write_text("\n".join(lines) + "\n")
+    (docs / "training-results.json").write_text(json.dumps(results, indent=1))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    if "--worker" in sys.argv:
+        _worker("--quick" in sys.argv)

@@ -1,0 +1,224 @@
+"""`frozenconst.filter_jit`: `eqx.filter_jit`'s calling convention, with `frozenconst.jit`'s hoisting.
+
+A function taking an equinox module (activations, static fields, Python
+numbers beside its arrays) cannot go through `jax.jit`, which takes arrays
+only; `eqx.filter_jit` traces the arrays and holds everything else static.
+This does the same on top of `frozenconst.jit`, so the FrozenConsts the
+function reaches are parameters of the program, never embedded, and a
+FrozenConst the function returns as it received it comes back as itself: no
+output buffer, no copy (docs/training.md). Equinox itself is not needed.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._errors import FrozenConstTypeError
+from ._frozen import FrozenConst, derived_leaf
+from ._jit import JitWrapped
+
+# What `eqx.is_array` traces: JAX and NumPy arrays, NumPy scalars.
+_ARRAYS = (jax.Array, np.ndarray, np.generic)
+
+
+def _is_frozen(x: Any) -> bool:
+    return isinstance(x, FrozenConst)
+
+
+def _traced_leaf(x: Any) -> bool:
+    return isinstance(x, (FrozenConst, *_ARRAYS))
+
+
+class _Static:
+    """Hashable static half of a call or an output: the tree, and its non-array leaves.
+
+    A pytree node with no leaves, so that, returned from the traced function, it
+    travels in JAX's output tree (cached with the program) rather than as an
+    output buffer.
+    """
+
+    __slots__ = ("_hash", "leaves", "treedef")
+
+    def __init__(self, treedef: Any, leaves: tuple[Any, ...]) -> None:
+        self.treedef = treedef
+        self.leaves = leaves
+        self._hash: int | None = None
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            try:
+                self._hash = hash((self.treedef, self.leaves))
+            except TypeError as err:
+                kinds = sorted({type(v).__name__ for v in self.leaves if not _hashable(v)})
+                raise FrozenConstTypeError(
+                    "frozenconst.filter_jit holds every leaf that is not an array static, and "
+                    f"static leaves must be hashable, but received unhashable {', '.join(kinds)}. "
+                    "Make them arrays, hashable (a tuple, a frozen dataclass), or close over them."
+                ) from err
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _Static)
+            and self.treedef == other.treedef
+            and len(self.leaves) == len(other.leaves)
+            and all(_same_static(a, b) for a, b in zip(self.leaves, other.leaves, strict=True))
+        )
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _same_static(a: Any, b: Any) -> bool:
+    # As `eqx.filter_jit`: equal by `==` where both sides are the same type
+    # (1 and 1.0 and True are different static configurations).
+    return type(a) is type(b) and bool(a == b)
+
+
+jax.tree_util.register_pytree_node(_Static, lambda s: ((), s), lambda s, _: s)
+
+
+class _Dynamic:
+    """A placeholder in a static half: the leaf is the traced argument at this position."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<traced>"
+
+
+_DYNAMIC = _Dynamic()
+
+
+class _Returned:
+    """In an output's static half: the FrozenConst the call received at this traced position."""
+
+    __slots__ = ("position",)
+
+    def __init__(self, position: int) -> None:
+        self.position = position
+
+    def __hash__(self) -> int:
+        return hash(self.position)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Returned) and other.position == self.position
+
+
+def _split(tree: Any) -> tuple[list[Any], _Static]:
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_frozen)
+    dynamic = [leaf if _traced_leaf(leaf) else None for leaf in leaves]
+    static = tuple(_DYNAMIC if _traced_leaf(leaf) else leaf for leaf in leaves)
+    return dynamic, _Static(treedef, static)
+
+
+def _join(dynamic: list[Any], static: _Static, received: list[Any]) -> Any:
+    leaves = [
+        received[s.position] if isinstance(s, _Returned) else d if s is _DYNAMIC else s
+        for d, s in zip(dynamic, static.leaves, strict=True)
+    ]
+    return jax.tree_util.tree_unflatten(static.treedef, leaves)
+
+
+class FilterJitted:
+    """A function compiled by [`frozenconst.filter_jit`][frozenconst.filter_jit].
+
+    Call it like the original.
+    """
+
+    __slots__ = ("__dict__", "__weakref__", "_fun", "_jitted")
+
+    def __init__(self, fun: Callable[..., Any], jit_kwargs: dict[str, Any]) -> None:
+        self._fun = fun
+
+        def traced(dynamic: list[Any], static: _Static) -> tuple[list[Any], _Static]:
+            args, kwargs = _join(dynamic, static, dynamic)
+            # Each FrozenConst received holds a derived value around its parameter here.
+            received = {id(leaf): i for i, leaf in enumerate(map(derived_leaf, dynamic)) if leaf is not None}
+            out_dynamic, out_static = _split(fun(*args, **kwargs))
+            marks = list(out_static.leaves)
+            for i, out in enumerate(out_dynamic):
+                leaf = derived_leaf(out)
+                position = None if leaf is None else received.get(id(leaf))
+                if position is not None and derived_leaf(dynamic[position]) is leaf:
+                    # Returned as received: the caller gets its own object back.
+                    marks[i], out_dynamic[i] = _Returned(position), None
+            return out_dynamic, _Static(out_static.treedef, tuple(marks))
+
+        # Its own signature for jax.jit, and the user's function behind `__wrapped__`, where
+        # `frozenconst.jit` finds the constants it closes over before any trace
+        # (`_groups.visible_constants`).
+        traced.__signature__ = inspect.signature(traced)  # type: ignore[attr-defined]
+        traced.__wrapped__ = fun  # type: ignore[attr-defined]
+        traced.__name__ = getattr(fun, "__name__", "filter_jit")
+        traced.__qualname__ = getattr(fun, "__qualname__", traced.__name__)
+        self._jitted = JitWrapped(traced, {**jit_kwargs, "static_argnums": 1})
+        functools.update_wrapper(self, fun)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        dynamic, static = _split((args, kwargs))
+        hash(static)  # an unhashable static leaf raises here, with its fix, not inside jax.jit
+        out_dynamic, out_static = self._jitted(dynamic, static)
+        return _join(out_dynamic, out_static, dynamic)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """Like `eqx.filter_jit(f).lower`: the program for these arguments, constants as parameters."""
+        dynamic, static = _split((args, kwargs))
+        return self._jitted.lower(dynamic, static)
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        return functools.partial(self, instance)
+
+
+def filter_jit(fun: Callable[..., Any], /, *, embed_max_bytes: int | None = None) -> FilterJitted:
+    """`eqx.filter_jit`, with every FrozenConst the function reaches kept out of the program.
+
+    Arrays (`jax.Array`, NumPy arrays and scalars) and FrozenConsts in the
+    arguments are traced; every other leaf (an equinox module's activation
+    functions and static fields, Python numbers, strings) is static: hashed,
+    and a new value compiles anew, as `eqx.filter_jit` does. FrozenConsts
+    received, closed over or reached through attributes are parameters fed
+    from their cached device buffers (as `frozenconst.jit` feeds them), and a
+    FrozenConst returned as it was received comes back as that same object,
+    with no output buffer. Non-array outputs are returned as they were traced.
+
+    Arguments:
+        fun: the function to compile.
+        embed_max_bytes: as for [`frozenconst.jit`][frozenconst.jit].
+
+    Returns:
+        A callable with `lower`.
+
+    Raises:
+        FrozenConstTypeError: (at call time) a static leaf is not hashable.
+
+    Example:
+        >>> import numpy as np, jax, jax.numpy as jnp, frozenconst
+        >>> table = frozenconst.FrozenConst(np.ones((256, 256), np.float32))
+        >>> model = {"table": table, "act": jax.nn.relu, "scale": 2.0}
+        >>> @frozenconst.filter_jit
+        ... def apply(model, x):
+        ...     return model["act"](model["table"] @ x) * model["scale"], model
+        >>> y, same = apply(model, jnp.ones(256))
+        >>> same["table"] is table, float(y[0])
+        (True, 512.0)
+    """
+    if not callable(fun):
+        raise FrozenConstTypeError(
+            f"frozenconst.filter_jit needs a callable, but received a `{type(fun).__name__}`."
+        )
+    kwargs: dict[str, Any] = {} if embed_max_bytes is None else {"embed_max_bytes": embed_max_bytes}
+    return FilterJitted(fun, kwargs)
