@@ -152,6 +152,14 @@ class JitWrapped:
             return self._again(lambda g, c: self._call(g, c, args, kwargs), args, kwargs)
         except Exception as err:
             hide_own_frames(err)
+            if isinstance(err, TypeError) and (
+                "as an abstract array" in str(err) or "valid JAX type" in str(err)
+            ):
+                # jax.jit's refusal of a non-array argument (an equinox module's activation).
+                err.add_note(
+                    "frozenconst.jit takes arrays only, as jax.jit does; "
+                    "`frozenconst.filter_jit` holds every non-array leaf static, as `eqx.filter_jit` does."
+                )
             raise
 
     def _call(self, group: Group, consts: tuple[jax.Array, ...], args: Any, kwargs: Any) -> Any:
