@@ -15,7 +15,6 @@ from ._errors import FrozenConstValueError as FrozenConstValueError
 from ._errors import FrozenConstWarning as FrozenConstWarning
 from ._errors import NotAddressableError as NotAddressableError
 from ._errors import TracedValueError as TracedValueError
-from ._filter_jit import FilterJitted as FilterJitted
 from ._filter_jit import filter_jit as filter_jit
 from ._flax import register_flax as register_flax
 from ._flax import register_if_imported as _register_if_imported
