@@ -430,6 +430,24 @@ def jax_filtered(err: BaseException) -> bool:
 Tracer: type = jax.core.Tracer
 
 
+# The tracers of JAX's autodiff, so that a FrozenConst can be a constant to it
+# (`FrozenConst.tree_unflatten` stops their gradient) without changing the
+# programs of any other transformation: private `jax._src.interpreters.ad`'s
+# `JVPTracer` and `LinearizeTracer` (checked on jax 0.6.2, 0.9.2, 0.10.2 and
+# 0.12.0.1). Without them, every tracer (the same gradients, with a
+# `stop_gradient` in every traced program that takes a FrozenConst).
+def _find_ad_tracers() -> tuple[type, ...]:
+    try:
+        from jax._src.interpreters import ad
+    except ImportError:  # pragma: no cover - newer JAX layouts
+        return (Tracer,)
+    found = tuple(t for t in (getattr(ad, "JVPTracer", None), getattr(ad, "LinearizeTracer", None)) if t)
+    return found if len(found) == 2 else (Tracer,)
+
+
+DIFFERENTIATED: tuple[type, ...] = _find_ad_tracers()
+
+
 # The concrete mesh set by `jax.set_mesh` (or, before jax 0.7.2, by the
 # context manager `jax.sharding.use_mesh`), for a bare PartitionSpec and for a
 # constant that follows a multi-device computation's mesh.

@@ -36,10 +36,11 @@ from ._host import freeze, frozen_copy, human_bytes
 class Derived:
     """A transformation's value in a FrozenConst's place: a leaf, and, on request, a frozen copy of it.
 
-    To autodiff it is a constant, as the constant it stands for is: a traced
-    leaf enters every computation through `lax.stop_gradient`, so `jax.grad`
-    with respect to a tree holding a FrozenConst gives it a zero gradient
-    (docs/model.md, "What a FrozenConst is to pytree tools"). A concrete leaf
+    To autodiff it is a constant, as the constant it stands for is: a value
+    being differentiated reaches it only through `lax.stop_gradient`
+    (`FrozenConst.tree_unflatten`), so `jax.grad` with respect to a tree holding
+    a FrozenConst gives it a zero gradient (docs/model.md, "What a FrozenConst
+    is to pytree tools"). A concrete leaf
     (a jitted function's output, an optimizer's update) that `frozenconst.jit`
     meets while tracing is a parameter of the program there, as a constant is,
     never embedded in it.
@@ -73,13 +74,12 @@ class Derived:
         return self.dtype
 
     def array(self, sharding: Sharding | None = None, traced: bool = True) -> Any:
-        """The leaf (a derived value has no declared sharding): behind `lax.stop_gradient`
-        where it is traced, and, where `frozenconst.jit` traces and it is a concrete
-        `jax.Array`, what it stands for there (`_hoisting.resolve`), as for a constant."""
+        """The leaf (a derived value has no declared sharding), or, where `frozenconst.jit`
+        traces and it is a concrete `jax.Array`, what it stands for there
+        (`_hoisting.resolve`), as for a constant."""
         leaf = self.leaf
-        if isinstance(leaf, Tracer):
-            return jax.lax.stop_gradient(leaf)
-        if traced and _hoisting.active and _hoisting.scope.frames and isinstance(leaf, jax.Array):
+        concrete = isinstance(leaf, jax.Array) and not isinstance(leaf, Tracer)
+        if traced and concrete and _hoisting.active and _hoisting.scope.frames:
             value = _hoisting.resolve(self, sharding)
             if value is not None:
                 return value

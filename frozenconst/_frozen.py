@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 from numpy.typing import ArrayLike, DTypeLike
 
 from ._cache import Placement, Store, Use, owner_of
-from ._compat import Tracer
+from ._compat import DIFFERENTIATED, Tracer
 from ._derived import Derived, warn_derived_copy
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._host import frozen_copy
@@ -194,13 +194,19 @@ class FrozenConst(_StaticBase):
         From the constant's own cached buffer (passed through `jit`, rebuilt by
         `eqx.combine` or a flax NNX state round trip), the constant itself; from
         anything else (a tracer, a gradient, a mapped result), a derived value
-        that never claims the original's host data and contributes no gradient.
+        that never claims the original's host data. A value being differentiated
+        (`jax.grad`, `jvp`, `vjp`, `linearize`) is stopped here: a FrozenConst has
+        no gradient, and JAX's programs are otherwise those of a `jax.Array`.
         A derived value around a new concrete `jax.Array` (an optimizer's state or
         update, a jitted function's output) warns once per line of user code:
         nothing else tells a user that their model no longer holds the constant
         (docs/training.md, "What each idiom does").
         """
         (leaf,) = children
+        if isinstance(leaf, DIFFERENTIATED):
+            # A constant to autodiff: the value without its tangent (where JAX's
+            # autodiff flattened the constant itself, that is its own buffer again).
+            leaf = jax.lax.stop_gradient(leaf)
         owner = owner_of(leaf)
         if owner is not None:
             return cls._of(*owner)

@@ -7,7 +7,6 @@ JAX constant pipeline (`helpers.SIMPLIFIED`); every case here holds in both.
 import pathlib
 import threading
 import types
-
 import warnings
 
 import jax

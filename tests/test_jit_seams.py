@@ -14,7 +14,9 @@ from frozenconst import FrozenConst
 WRAPS = [pytest.param(jax.jit, id="jax.jit"), pytest.param(frozenconst.jit, id="frozenconst.jit")]
 
 # These tests donate constants on purpose; that each donation is said is tests/test_donation.py's.
-pytestmark = pytest.mark.filterwarnings("ignore:The device buffer of FrozenConst:frozenconst.FrozenConstWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:The device buffer of FrozenConst:frozenconst.FrozenConstWarning"
+)
 
 
 @pytest.mark.parametrize("wrap", WRAPS)
