@@ -264,3 +264,26 @@ def test_with_public_hooks_removed_the_private_ones_are_found_and_results_hold()
     assert report["eval_context_fallback"] is True
     assert report["right"] is True and report["shape"] == [8]
     assert report["warnings"] == []  # nothing these fallbacks do costs anything
+
+
+def test_without_jaxs_autodiff_tracers_every_tracer_is_stopped_and_gradients_are_the_same(monkeypatch):
+    # `_compat.DIFFERENTIATED` falls back to every tracer: the constant still has no
+    # gradient, and the others are what they are; traced programs gain a stop_gradient.
+    from frozenconst import _frozen
+
+    tree = {"w": jnp.full(3, 0.5), "c": FrozenConst(np.arange(1.0, 7.0, dtype=np.float32).reshape(2, 3))}
+
+    def loss(t):
+        return jnp.sum(jnp.tanh(t["c"] @ t["w"]) ** 2)
+
+    with pytest.warns(FrozenConstWarning, match="not the constant's own buffer"):
+        expected = jax.grad(loss)(tree)
+    monkeypatch.setattr(_frozen, "DIFFERENTIATED", (_compat.Tracer,))
+    with pytest.warns(FrozenConstWarning, match="not the constant's own buffer"):
+        got = jax.jit(jax.grad(loss))(tree)
+    np.testing.assert_array_equal(np.asarray(got["c"]), np.zeros((2, 3)))
+    np.testing.assert_allclose(np.asarray(got["w"]), np.asarray(expected["w"]), rtol=1e-6)
+    assert "stop_gradient" in str(jax.make_jaxpr(lambda t: t["c"] * 1)(tree))
+    monkeypatch.undo()
+    assert "stop_gradient" not in str(jax.make_jaxpr(lambda t: t["c"] * 1)(tree))
+    assert _compat.DIFFERENTIATED != (_compat.Tracer,)  # found on every supported JAX
