@@ -21,7 +21,7 @@ VENVMIDDLE := .venv-jax$(subst .,,$(JAX_MIDDLE))
 PIP_FLAGS := --quiet --disable-pip-version-check
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 
-.PHONY: demo test test-fast lint typecheck docs doctest package pytest-311 pytest-312 pytest-floor pytest-middle bench bench-compare clean
+.PHONY: demo test test-fast lint typecheck docs doctest package pytest-311 pytest-312 pytest-floor pytest-middle bench bench-compare gpu gpu-bundle gpu-results clean
 
 $(VENV311)/.installed: pyproject.toml
 	@test -n "$(PYTHON311)" || { echo "error: no Python 3.11 found; set PYTHON311=/path/to/python3.11" >&2; exit 1; }
@@ -121,5 +121,35 @@ BASE ?= HEAD
 bench-compare: $(VENV311)/.installed
 	$(VENV311)/bin/python -m benchmarks compare $(BASE)
 
+# On an accelerator (CONTRIBUTING.md, "On an accelerator"). The device tool is no shell
+# command: a session calls it. `make gpu` builds the bundle that call carries (.gpu/: the
+# wheel, beartype's wheel, which the device image lacks, and the commit) and prints the
+# call; `tools/gpu-run` runs there; `make gpu-results FROM=<files_at>` brings back the
+# accelerator section's files and a summary of the suite into docs/results/.
+GPU_BUNDLE := .gpu
+GPU_CALL := run(command="bash tools/gpu-run", carry=[".gpu"], timeout_s=420)
+
+gpu-bundle: $(VENV311)/.installed
+	rm -rf $(GPU_BUNDLE)
+	mkdir -p $(GPU_BUNDLE)
+	$(VENV311)/bin/python -m build --wheel --outdir $(GPU_BUNDLE) . > /dev/null
+	$(VENV311)/bin/python -m pip download $(PIP_FLAGS) --no-deps --only-binary=:all: -d $(GPU_BUNDLE) \
+	  "beartype==$$($(VENV311)/bin/python -c 'import beartype; print(beartype.__version__)')" \
+	  || echo "warning: no beartype wheel: its one test skips on the device" >&2
+	{ git rev-parse --short HEAD; git diff --quiet HEAD -- || echo "with uncommitted changes"; } \
+	  | paste -sd' ' > $(GPU_BUNDLE)/COMMIT
+	@ls -l $(GPU_BUNDLE)
+
+gpu: gpu-bundle
+	@echo
+	@echo "The bundle is in $(GPU_BUNDLE)/. Now make this device-tool call (it is no shell command):"
+	@echo '  $(GPU_CALL)'
+	@echo "about 7 minutes of device time (the machine's start, then at most 330 s of command);"
+	@echo "then, with the files_at folder its reply names:  make gpu-results FROM=<files_at>"
+
+gpu-results:
+	@test -n "$(FROM)" || { echo "error: FROM=<the files_at folder of the device run>" >&2; exit 1; }
+	python3 tools/gpu-results "$(FROM)" docs/results
+
 clean:
-	rm -rf $(VENV311) $(VENV312) $(VENVFLOOR) $(VENVMIDDLE) .venv-wheel .dist .site .mypy_cache .ruff_cache
+	rm -rf $(VENV311) $(VENV312) $(VENVFLOOR) $(VENVMIDDLE) .venv-wheel .dist .site .mypy_cache .ruff_cache $(GPU_BUNDLE)
