@@ -106,7 +106,9 @@ def _unguarded_reads():
 
 def test_every_read_of_a_cpu_only_fact_is_guarded():
     reads = list(_reads())
-    assert {"aliasing", "host RSS", "cpu devices"} <= {fact for *_, fact, _ in reads}, "the scan found no reads"
+    assert {"aliasing", "host RSS", "cpu devices"} <= {fact for *_, fact, _ in reads}, (
+        "the scan found no reads"
+    )
     assert not _unguarded_reads(), (
         "these tests read a fact that holds on JAX's CPU backend only: ask `requires_cpu(fact)` or "
         "`on_cpu()` (tests/helpers.py, CPU_ONLY), or run them in `subprocess_env('cpu')`:\n"
