@@ -456,8 +456,9 @@ def run(
 ) -> dict[str, Any]:
     """Every part, each in fresh interpreters; the results as one JSON-ready dict.
 
-    The headline parts first (mutation, the seed), so a run stopped at its time limit
-    has them; `checkpoint(results)` is called after each part, with what is done.
+    The headline parts first (mutation, the first transfer, the seed), so a run stopped
+    at its time limit has them; `checkpoint(results)` is called after each part (and
+    each seed variant), with what is done.
     """
     rng = random.Random(rng_seed)
     size = sizes(small)
@@ -480,9 +481,6 @@ def run(
         "mutation", lambda: _run_part("mutation", size["mutation_mib"], size["trials"], timeout=120)
     )
     done()
-    results["seed"] = []
-    timed("seed", lambda: seed_runs(small, rng, results["seed"], done))
-    done()
     choices = offered_host_memory()
     results["transfer"], _ = timed(
         "transfer",
@@ -491,6 +489,9 @@ def run(
         ),
     )
     results["transfer"]["asked"] = list(HOST_MEMORY)
+    done()
+    results["seed"] = []
+    timed("seed", lambda: seed_runs(small, rng, results["seed"], done))
     done()
     results["per_call"], _ = timed(
         "per call",
