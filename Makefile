@@ -18,6 +18,8 @@ JAX_FLOOR := 0.6.2
 JAX_MIDDLE := 0.9.2
 VENVFLOOR := .venv-jax$(subst .,,$(JAX_FLOOR))
 VENVMIDDLE := .venv-jax$(subst .,,$(JAX_MIDDLE))
+# The pytest and hypothesis entry points: top-level modules beside the package.
+PLUGINS := _frozenconst_pytestplugin.py _frozenconst_hypothesis.py
 PIP_FLAGS := --quiet --disable-pip-version-check
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 
@@ -51,14 +53,14 @@ demo: $(VENV311)/.installed
 	$(VENV311)/bin/python -m benchmarks.seed --demo
 
 lint: $(VENV311)/.installed
-	$(VENV311)/bin/ruff check frozenconst tests benchmarks examples
-	$(VENV311)/bin/ruff format --check frozenconst tests benchmarks examples
+	$(VENV311)/bin/ruff check frozenconst $(PLUGINS) tests benchmarks examples
+	$(VENV311)/bin/ruff format --check frozenconst $(PLUGINS) tests benchmarks examples
 
 # The package: mypy --strict and pyright strict (pyproject.toml); benchmarks/:
 # mypy --strict (the same configuration). The library author's sample in
 # tests/typing: mypy --strict and pyright standard, no ignores.
 typecheck: $(VENV311)/.installed
-	$(VENV311)/bin/mypy frozenconst
+	$(VENV311)/bin/mypy frozenconst $(PLUGINS)
 	$(VENV311)/bin/mypy benchmarks
 	$(VENV311)/bin/mypy --strict tests/typing/library_sample.py
 	$(VENV311)/bin/pyright --pythonpath $(VENV311)/bin/python
@@ -105,7 +107,7 @@ package: $(VENV311)/.installed
 	$(PYTHON311) -m venv .venv-wheel
 	.venv-wheel/bin/python -m pip install $(PIP_FLAGS) .dist/*.whl 'pytest>=8' 'hypothesis>=6.100' 'pytest-timeout>=2.3'
 	cd .dist && FROZENCONST_WHEEL_TEST=1 ../.venv-wheel/bin/python -m pytest $(PYTEST_FLAGS) \
-	  ../tests/test_installed.py ../tests/test_cache.py ../tests/test_host.py ../tests/test_jit.py
+	  ../tests/test_installed.py ../tests/test_plugins.py ../tests/test_cache.py ../tests/test_host.py ../tests/test_jit.py
 
 test: lint typecheck docs doctest package pytest-311 pytest-312 pytest-floor pytest-middle
 

@@ -1,9 +1,10 @@
 """Hypothesis strategies for `FrozenConst`, built on `hypothesis.extra.numpy`.
 
-Importing this module registers `FrozenConst` with `st.from_type`, so
+`FrozenConst` is registered with `st.from_type`, so
 `@given(x=st.from_type(FrozenConst))` and `@given` with a `FrozenConst`
-annotation just work. Hypothesis also loads that registration itself through
-this package's `hypothesis` entry point.
+annotation just work: by `import frozenconst` when hypothesis is imported
+already, by hypothesis's entry point when frozenconst is, and by importing
+this module.
 
 Example:
     >>> from hypothesis import given, strategies as st
