@@ -7,6 +7,7 @@
     python -m benchmarks disk            # peak memory building constants from 256 MiB and 1 GiB .npy files
     python -m benchmarks multihost       # constants bigger than one host: per-process RSS, 2 and 4 processes
     python -m benchmarks constants       # per-call cost against the number of constants, with the peers
+    python -m benchmarks startup         # what the entry points add to `import hypothesis` and to pytest
     python -m benchmarks compare REV     # the core section's per-call figures: git revision REV's
                                          # frozenconst against the working tree's (not part of "all")
     python -m benchmarks accelerator     # device memory, mutation, first transfer per host-memory
@@ -31,7 +32,7 @@ import pathlib
 import statistics
 from typing import Any
 
-from . import accelerator, compare, constants, core, disk, multihost, seed, seed_real
+from . import accelerator, compare, constants, core, disk, multihost, seed, seed_real, startup
 
 # Generated output (tables, JSON, plots), apart from the hand-written pages.
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
@@ -170,6 +171,7 @@ def main() -> None:
             "constants",
             "disk",
             "multihost",
+            "startup",
             "compare",
             "accelerator",
         ],
@@ -214,6 +216,8 @@ def main() -> None:
         disk.main([64] if args.quick else [256, 1024], docs)
     if args.section in ("all", "multihost"):
         multihost.main(args.quick, docs)
+    if args.section in ("all", "startup"):
+        startup.main(args.quick, docs)
     if args.section == "compare":  # not in "all": a check for a change, against a revision
         compare.main(args.rev, args.quick, docs, args.pairs)
     if args.section == "accelerator":  # not in "all": its files are the accelerator's (`make gpu`)
