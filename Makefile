@@ -1,5 +1,6 @@
 # Two set-up commands, both from a fresh clone with only Python and pip:
-#   make demo   - create the environment if missing, install, run the seed scenario
+#   make demo   - create the environment if missing (Python 3.11, else the newest
+#                 supported one found), install, run the seed scenario
 #   make test   - the same environments, then the whole suite:
 #                 Python 3.11 + newest JAX it gets (0.10.x) and Python 3.12 + newest JAX (0.12.x),
 #                 each under both JAX constant pipelines, plus ruff, mypy --strict and the docs;
@@ -12,6 +13,12 @@ PYTHON311 ?= $(shell tools/find-python 3.11)
 PYTHON312 ?= $(shell tools/find-python 3.12)
 VENV311 := .venv-py311
 VENV312 := .venv-py312
+# make demo runs on any supported Python (pyproject.toml: 3.11 to 3.13): 3.11
+# when found, in the environment make test builds (.venv-py311), else the newest
+# supported one found, in an environment named after it (.venv-py313, or
+# .venv-py312, the one make test's Python 3.12 run uses).
+DEMO_PYTHON ?= $(shell tools/find-python 3.11 3.13 3.12)
+DEMO_VENV := $(if $(wildcard $(VENV311)/bin/python),$(VENV311),.venv-py$(shell $(DEMO_PYTHON) -c 'import sys; print(*sys.version_info[:2], sep="")' 2>/dev/null))
 # The declared JAX floor (pyproject.toml) and one release in between, each in
 # its own Python 3.11 environment that runs the pytest suite only.
 JAX_FLOOR := 0.6.2
@@ -33,7 +40,7 @@ $(VENV311)/.installed: pyproject.toml
 	@touch $@
 
 $(VENV312)/.installed: pyproject.toml
-	@test -x $(VENV312)/bin/python || $(PYTHON312) -m venv $(VENV312)
+	@test -x $(VENV312)/bin/python || $(or $(PYTHON312),$(DEMO_PYTHON)) -m venv $(VENV312)
 	$(VENV312)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
 	$(VENV312)/bin/python -m pip install $(PIP_FLAGS) -e '.[test,integration]'
 	@touch $@
@@ -49,8 +56,16 @@ $(VENVFLOOR)/.installed $(VENVMIDDLE)/.installed: pyproject.toml
 	  'jaxlib==$(if $(filter $(VENVFLOOR),$(@D)),$(JAX_FLOOR),$(JAX_MIDDLE))'
 	@touch $@
 
-demo: $(VENV311)/.installed
-	$(VENV311)/bin/python -m benchmarks.seed --demo
+# Any other supported Python, for make demo: the package alone is all the demo needs.
+.venv-py%/.installed: pyproject.toml
+	@test -n "$(DEMO_PYTHON)" || { echo "error: no supported Python (3.11, 3.12 or 3.13) found; set DEMO_PYTHON=/path/to/python3" >&2; exit 1; }
+	@test -x $(@D)/bin/python || $(DEMO_PYTHON) -m venv $(@D)
+	$(@D)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
+	$(@D)/bin/python -m pip install $(PIP_FLAGS) -e .
+	@touch $@
+
+demo: $(DEMO_VENV)/.installed
+	$(DEMO_VENV)/bin/python -m benchmarks.seed --demo
 
 lint: $(VENV311)/.installed
 	$(VENV311)/bin/ruff check frozenconst $(PLUGINS) tests benchmarks examples
@@ -154,4 +169,4 @@ gpu-results:
 	python3 tools/gpu-results "$(FROM)" docs/results
 
 clean:
-	rm -rf $(VENV311) $(VENV312) $(VENVFLOOR) $(VENVMIDDLE) .venv-wheel .dist .site .mypy_cache .ruff_cache $(GPU_BUNDLE)
+	rm -rf $(VENV311) $(VENV312) $(wildcard .venv-py3*) $(VENVFLOOR) $(VENVMIDDLE) .venv-wheel .dist .site .mypy_cache .ruff_cache $(GPU_BUNDLE)

@@ -259,7 +259,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def demo() -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """Print the `make demo` table; return its (rows, environment)."""
+    """Print the `make demo` table and its one-line summary; return its (rows, environment)."""
     layers, mib = 40, 4
     print(
         f"Seed scenario: one {mib} MiB float32 constant matmul'd against {layers} weight matrices "
@@ -272,12 +272,61 @@ def demo() -> tuple[list[dict[str, Any]], dict[str, str]]:
             result = run_in_subprocess(pipeline, [(variant, layers, mib)], steps=5)
             env = result.pop()["environment"]
             rows += result
-    print(table(rows))
+    print(demo_table(rows))
     print("\nvariants:")
     for name, text in VARIANTS.items():
         print(f"  {name:20s} {text}")
     print("\n" + ", ".join(f"{k} {v}" for k, v in env.items()))
+    print("Timings: `python -m benchmarks seed` (medians of repeated runs, in docs/results/).")
+    print("\n" + demo_summary(rows))
     return rows, env
+
+
+def demo_table(rows: list[dict[str, Any]]) -> str:
+    """`table` without timings: here each is one process's, not a median of repeated runs
+    (`python -m benchmarks seed` repeats them and gives medians)."""
+    base = {(r["pipeline"], r["layers"], r["mib"]): r for r in rows if r["variant"] == "argument"}
+    lines = [
+        "| pipeline | variant | live copies | device MiB | HLO bytes (x base) |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        b = base[(r["pipeline"], r["layers"], r["mib"])]
+        lines.append(
+            f"| {r['pipeline']} | {r['variant']} | {r['live_copies']} | {r['device_bytes'] / 2**20:.1f} "
+            f"| {r['hlo_bytes']:,} ({r['hlo_bytes'] / b['hlo_bytes']:.2f}x) |"
+        )
+    return "\n".join(lines)
+
+
+def demo_summary(rows: list[dict[str, Any]]) -> str:
+    """One line: each variant's HLO bytes (a ratio to the argument baseline) and live device copies."""
+    base = {r["pipeline"]: r for r in rows if r["variant"] == "argument"}
+    by = {(r["pipeline"], r["variant"]): r for r in rows}
+    pipelines = [p for p in PIPELINES if p in base]
+
+    def cell(pipeline: str, variant: str) -> str:
+        r = by.get((pipeline, variant))
+        if r is None:
+            return "not measured"
+        ratio = r["hlo_bytes"] / base[pipeline]["hlo_bytes"]
+        hlo = f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.2f}x"
+        return f"{hlo} HLO, {_copies(r['live_copies'])}"
+
+    held = sorted({base[p]["live_copies"] for p in pipelines})
+    parts = [
+        f"{variant} " + " | ".join(cell(p, variant) for p in pipelines)
+        for variant in VARIANTS
+        if variant != "argument"
+    ]
+    return (
+        f"Summary ({' | '.join(pipelines)} pipeline; HLO bytes against passing the constant as an "
+        f"argument, which holds {' or '.join(map(_copies, held))}): " + "; ".join(parts) + "."
+    )
+
+
+def _copies(n: int) -> str:
+    return f"{n} device cop{'y' if n == 1 else 'ies'}"
 
 
 def measure_pipeline(
