@@ -117,9 +117,7 @@ def test_the_numpy_floor_is_stated():
     assert f"`numpy>={floor}`" in (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.skipif(
-    not INSTALLED_WHEEL, reason="an editable install's metadata is pyproject.toml's when installed"
-)
+@pytest.mark.skipif(not INSTALLED_WHEEL, reason="an editable install's metadata is as of its install")
 def test_the_wheels_metadata_is_pyprojects():
     meta = importlib.metadata.metadata("frozenconst")
     assert meta.get_all("Classifier") == sorted(PROJECT["classifiers"])

@@ -99,7 +99,7 @@ _DRAW = """
     lazy = "frozenconst.strategies" not in sys.modules
     seen = []
 
-    @settings(max_examples=5, database=None)
+    @settings(max_examples=5, database=None, deadline=None)  # a loaded machine: no deadline
     @given(st.from_type(FrozenConst))
     def draw(x):
         seen.append(type(x).__name__)
