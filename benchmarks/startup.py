@@ -57,7 +57,6 @@ def measure(rounds: int) -> list[dict[str, Any]]:
     """One row per command: median seconds with the plugins on and off, and the difference."""
     _check_entry_points()
     base = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_NO_PLUGINS"}
-    base.setdefault("JAX_PLATFORMS", "cpu")
     off = dict(base, HYPOTHESIS_NO_PLUGINS="1")
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_unrelated.py"]
     commands = {

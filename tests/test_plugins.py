@@ -36,7 +36,6 @@ def env(tmp_path):
     """A subprocess environment whose frozenconst entry points are this checkout's."""
     out = dict(os.environ)
     out.pop("HYPOTHESIS_NO_PLUGINS", None)
-    out.setdefault("JAX_PLATFORMS", "cpu")
     if INSTALLED_WHEEL:
         return out
     info = tmp_path / "site" / "frozenconst-0.1.0.dist-info"
