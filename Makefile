@@ -1,5 +1,6 @@
 # Two set-up commands, both from a fresh clone with only Python and pip:
-#   make demo   - create the environment if missing, install, run the seed scenario
+#   make demo   - create the environment if missing (Python 3.11, else the newest
+#                 supported one found), install, run the seed scenario
 #   make test   - the same environments, then the whole suite:
 #                 Python 3.11 + newest JAX it gets (0.10.x) and Python 3.12 + newest JAX (0.12.x),
 #                 each under both JAX constant pipelines, plus ruff, mypy --strict and the docs;
@@ -12,16 +13,24 @@ PYTHON311 ?= $(shell tools/find-python 3.11)
 PYTHON312 ?= $(shell tools/find-python 3.12)
 VENV311 := .venv-py311
 VENV312 := .venv-py312
+# make demo runs on any supported Python (pyproject.toml: 3.11 to 3.13): 3.11
+# when found, in the environment make test builds (.venv-py311), else the newest
+# supported one found, in an environment named after it (.venv-py313, or
+# .venv-py312, the one make test's Python 3.12 run uses).
+DEMO_PYTHON ?= $(shell tools/find-python 3.11 3.13 3.12)
+DEMO_VENV := $(if $(wildcard $(VENV311)/bin/python),$(VENV311),.venv-py$(shell $(DEMO_PYTHON) -c 'import sys; print(*sys.version_info[:2], sep="")' 2>/dev/null))
 # The declared JAX floor (pyproject.toml) and one release in between, each in
 # its own Python 3.11 environment that runs the pytest suite only.
 JAX_FLOOR := 0.6.2
 JAX_MIDDLE := 0.9.2
 VENVFLOOR := .venv-jax$(subst .,,$(JAX_FLOOR))
 VENVMIDDLE := .venv-jax$(subst .,,$(JAX_MIDDLE))
+# The pytest and hypothesis entry points: top-level modules beside the package.
+PLUGINS := _frozenconst_pytestplugin.py _frozenconst_hypothesis.py
 PIP_FLAGS := --quiet --disable-pip-version-check
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 
-.PHONY: demo test test-fast lint typecheck docs doctest package pytest-311 pytest-312 pytest-floor pytest-middle bench bench-compare clean
+.PHONY: demo test test-fast lint typecheck docs doctest package pytest-311 pytest-312 pytest-floor pytest-middle bench bench-compare gpu gpu-bundle gpu-results clean
 
 $(VENV311)/.installed: pyproject.toml
 	@test -n "$(PYTHON311)" || { echo "error: no Python 3.11 found; set PYTHON311=/path/to/python3.11" >&2; exit 1; }
@@ -31,7 +40,7 @@ $(VENV311)/.installed: pyproject.toml
 	@touch $@
 
 $(VENV312)/.installed: pyproject.toml
-	@test -x $(VENV312)/bin/python || $(PYTHON312) -m venv $(VENV312)
+	@test -x $(VENV312)/bin/python || $(or $(PYTHON312),$(DEMO_PYTHON)) -m venv $(VENV312)
 	$(VENV312)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
 	$(VENV312)/bin/python -m pip install $(PIP_FLAGS) -e '.[test,integration]'
 	@touch $@
@@ -47,18 +56,26 @@ $(VENVFLOOR)/.installed $(VENVMIDDLE)/.installed: pyproject.toml
 	  'jaxlib==$(if $(filter $(VENVFLOOR),$(@D)),$(JAX_FLOOR),$(JAX_MIDDLE))'
 	@touch $@
 
-demo: $(VENV311)/.installed
-	$(VENV311)/bin/python -m benchmarks.seed --demo
+# Any other supported Python, for make demo: the package alone is all the demo needs.
+.venv-py%/.installed: pyproject.toml
+	@test -n "$(DEMO_PYTHON)" || { echo "error: no supported Python (3.11, 3.12 or 3.13) found; set DEMO_PYTHON=/path/to/python3" >&2; exit 1; }
+	@test -x $(@D)/bin/python || $(DEMO_PYTHON) -m venv $(@D)
+	$(@D)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
+	$(@D)/bin/python -m pip install $(PIP_FLAGS) -e .
+	@touch $@
+
+demo: $(DEMO_VENV)/.installed
+	$(DEMO_VENV)/bin/python -m benchmarks.seed --demo
 
 lint: $(VENV311)/.installed
-	$(VENV311)/bin/ruff check frozenconst tests benchmarks examples
-	$(VENV311)/bin/ruff format --check frozenconst tests benchmarks examples
+	$(VENV311)/bin/ruff check frozenconst $(PLUGINS) tests benchmarks examples
+	$(VENV311)/bin/ruff format --check frozenconst $(PLUGINS) tests benchmarks examples
 
 # The package: mypy --strict and pyright strict (pyproject.toml); benchmarks/:
 # mypy --strict (the same configuration). The library author's sample in
 # tests/typing: mypy --strict and pyright standard, no ignores.
 typecheck: $(VENV311)/.installed
-	$(VENV311)/bin/mypy frozenconst
+	$(VENV311)/bin/mypy frozenconst $(PLUGINS)
 	$(VENV311)/bin/mypy benchmarks
 	$(VENV311)/bin/mypy --strict tests/typing/library_sample.py
 	$(VENV311)/bin/pyright --pythonpath $(VENV311)/bin/python
@@ -105,7 +122,7 @@ package: $(VENV311)/.installed
 	$(PYTHON311) -m venv .venv-wheel
 	.venv-wheel/bin/python -m pip install $(PIP_FLAGS) .dist/*.whl 'pytest>=8' 'hypothesis>=6.100' 'pytest-timeout>=2.3'
 	cd .dist && FROZENCONST_WHEEL_TEST=1 ../.venv-wheel/bin/python -m pytest $(PYTEST_FLAGS) \
-	  ../tests/test_installed.py ../tests/test_cache.py ../tests/test_host.py ../tests/test_jit.py
+	  ../tests/test_installed.py ../tests/test_plugins.py ../tests/test_cache.py ../tests/test_host.py ../tests/test_jit.py
 
 test: lint typecheck docs doctest package pytest-311 pytest-312 pytest-floor pytest-middle
 
@@ -121,5 +138,35 @@ BASE ?= HEAD
 bench-compare: $(VENV311)/.installed
 	$(VENV311)/bin/python -m benchmarks compare $(BASE)
 
+# On an accelerator (CONTRIBUTING.md, "On an accelerator"). The device tool is no shell
+# command: a session calls it. `make gpu` builds the bundle that call carries (.gpu/: the
+# wheel, beartype's wheel, which the device image lacks, and the commit) and prints the
+# call; `tools/gpu-run` runs there; `make gpu-results FROM=<files_at>` brings back the
+# accelerator section's files and a summary of the suite into docs/results/.
+GPU_BUNDLE := .gpu
+GPU_CALL := run(command="bash tools/gpu-run", carry=[".gpu"], timeout_s=420)
+
+gpu-bundle: $(VENV311)/.installed
+	rm -rf $(GPU_BUNDLE)
+	mkdir -p $(GPU_BUNDLE)
+	$(VENV311)/bin/python -m build --wheel --outdir $(GPU_BUNDLE) . > /dev/null
+	$(VENV311)/bin/python -m pip download $(PIP_FLAGS) --no-deps --only-binary=:all: -d $(GPU_BUNDLE) \
+	  "beartype==$$($(VENV311)/bin/python -c 'import beartype; print(beartype.__version__)')" \
+	  || echo "warning: no beartype wheel: its one test skips on the device" >&2
+	{ git rev-parse --short HEAD; git diff --quiet HEAD -- || echo "with uncommitted changes"; } \
+	  | paste -sd' ' > $(GPU_BUNDLE)/COMMIT
+	@ls -l $(GPU_BUNDLE)
+
+gpu: gpu-bundle
+	@echo
+	@echo "The bundle is in $(GPU_BUNDLE)/. Now make this device-tool call (it is no shell command):"
+	@echo '  $(GPU_CALL)'
+	@echo "about 7 minutes of device time (the machine's start, then at most 330 s of command);"
+	@echo "then, with the files_at folder its reply names:  make gpu-results FROM=<files_at>"
+
+gpu-results:
+	@test -n "$(FROM)" || { echo "error: FROM=<the files_at folder of the device run>" >&2; exit 1; }
+	python3 tools/gpu-results "$(FROM)" docs/results
+
 clean:
-	rm -rf $(VENV311) $(VENV312) $(VENVFLOOR) $(VENVMIDDLE) .venv-wheel .dist .site .mypy_cache .ruff_cache
+	rm -rf $(VENV311) $(VENV312) $(wildcard .venv-py3*) $(VENVFLOOR) $(VENVMIDDLE) .venv-wheel .dist .site .mypy_cache .ruff_cache $(GPU_BUNDLE)

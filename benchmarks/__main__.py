@@ -8,9 +8,14 @@
     python -m benchmarks multihost       # constants bigger than one host: per-process RSS, 2 and 4 processes
     python -m benchmarks constants       # per-call cost against the number of constants, with the peers
     python -m benchmarks training        # the pytree choice, and training steps with a large table
+    python -m benchmarks startup         # what the entry points add to `import hypothesis` and to pytest
     python -m benchmarks compare REV     # the core section's per-call figures: git revision REV's
                                          # frozenconst against the working tree's (not part of "all")
+    python -m benchmarks accelerator     # device memory, mutation, first transfer per host-memory
+                                         # choice, per call, cache hits (`make gpu`; not part of "all":
+                                         # its files are the accelerator's); --small: a CPU smoke run
     python -m benchmarks --quick         # smaller sweeps (a smoke run)
+    python -m benchmarks SECTION --out DIR   # write that section's files into DIR, not docs/results
 
 Every figure is a ratio to a baseline measured in the same run: the constant
 passed to `jax.jit` as an explicit argument for the seed scenario, NumPy,
@@ -28,7 +33,7 @@ import pathlib
 import statistics
 from typing import Any
 
-from . import compare, constants, core, disk, multihost, seed, seed_real, training
+from . import accelerator, compare, constants, core, disk, multihost, seed, seed_real, startup, training
 
 # Generated output (tables, JSON, plots), apart from the hand-written pages.
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
@@ -80,7 +85,7 @@ def plot(rows: list[dict[str, Any]], mib: float, path: pathlib.Path) -> None:
     plt.close(fig)
 
 
-def run_seed(quick: bool, repeats: int) -> str:
+def run_seed(quick: bool, repeats: int, docs: pathlib.Path = DOCS) -> str:
     layers = [10, 40] if quick else [10, 40, 160]
     sizes = [1.0, 4.0] if quick else [1.0, 4.0, 16.0]
     configurations = [(n, m) for m in sizes for n in layers]
@@ -121,10 +126,10 @@ def run_seed(quick: bool, repeats: int) -> str:
         f"A raw NumPy closure costs up to {numpy_worst['live_copies']:.0f}x the live copies (simplified "
         f"pipeline) and {numpy_worst['hlo_bytes']:.0f}x the HLO bytes (default pipeline)."
     )
-    DOCS.mkdir(parents=True, exist_ok=True)
-    plot(rows, 4.0, DOCS / "benchmark-seed.png")
+    docs.mkdir(parents=True, exist_ok=True)
+    plot(rows, 4.0, docs / "benchmark-seed.png")
     command = "python -m benchmarks seed" + (" --quick" if quick else "")
-    (DOCS / "benchmark-results.md").write_text(
+    (docs / "benchmark-results.md").write_text(
         "# Benchmark results: constants inside jit\n\n"
         f"Produced by `{command}` ({repeats} runs per configuration, medians) on:\n\n{header}\n\n"
         f"**Summary.** {summary}\n\n"
@@ -145,7 +150,7 @@ def run_seed(quick: bool, repeats: int) -> str:
         "arrays, 1 buffer), while an accelerator copies every time. Off the grid, the CPU copies too, "
         "and the table shows what an accelerator would hold.\n\n" + seed.table(rows) + "\n"
     )
-    (DOCS / "benchmark-results.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+    (docs / "benchmark-results.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
     print(seed.table(rows))
     print()
     print(summary)
@@ -159,13 +164,34 @@ def main() -> None:
     parser.add_argument(
         "section",
         nargs="?",
-        choices=["all", "seed", "seed-real", "core", "constants", "training", "disk", "multihost", "compare"],
+        choices=[
+            "all",
+            "seed",
+            "seed-real",
+            "core",
+            "constants",
+            "training",
+            "disk",
+            "multihost",
+            "startup",
+            "compare",
+            "accelerator",
+        ],
         default="all",
     )
     parser.add_argument(
         "rev", nargs="?", help="compare: the git revision whose frozenconst is the base (e.g. HEAD, HEAD~3)"
     )
     parser.add_argument("--quick", action="store_true", help="smaller sweeps")
+    parser.add_argument(
+        "--small", action="store_true", help="accelerator: small sizes, a CPU smoke run (under a minute)"
+    )
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=DOCS,
+        help="write the results into this folder (default: docs/results)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="seed runs per configuration (median)")
     parser.add_argument(
         "--rss-limit-gib",
@@ -176,23 +202,30 @@ def main() -> None:
     args = parser.parse_args()
     if (args.section == "compare") != (args.rev is not None):
         parser.error("a revision goes with the compare section, and only with it: compare REV")
+    if args.small and args.section != "accelerator":
+        parser.error("--small goes with the accelerator section; the others take --quick")
+    docs = args.out
     if args.section in ("all", "seed"):
-        run_seed(args.quick, args.repeats)
+        run_seed(args.quick, args.repeats, docs)
     if args.section in ("all", "seed-real"):
         limit = int(args.rss_limit_gib * 2**30) if args.rss_limit_gib else None
-        seed_real.main(args.quick, DOCS, limit)
+        seed_real.main(args.quick, docs, limit)
     if args.section in ("all", "core"):
-        core.main(args.quick, DOCS)
+        core.main(args.quick, docs)
     if args.section in ("all", "constants"):
-        constants.main(args.quick, DOCS)
+        constants.main(args.quick, docs)
     if args.section in ("all", "training"):
-        training.main(args.quick, DOCS)
+        training.main(args.quick, docs)
     if args.section in ("all", "disk"):  # writes up to 1 GiB to a temporary directory
-        disk.main([64] if args.quick else [256, 1024], DOCS)
+        disk.main([64] if args.quick else [256, 1024], docs)
     if args.section in ("all", "multihost"):
-        multihost.main(args.quick, DOCS)
+        multihost.main(args.quick, docs)
+    if args.section in ("all", "startup"):
+        startup.main(args.quick, docs)
     if args.section == "compare":  # not in "all": a check for a change, against a revision
-        compare.main(args.rev, args.quick, DOCS, args.pairs)
+        compare.main(args.rev, args.quick, docs, args.pairs)
+    if args.section == "accelerator":  # not in "all": its files are the accelerator's (`make gpu`)
+        accelerator.main(args.small or args.quick, docs)
 
 
 if __name__ == "__main__":

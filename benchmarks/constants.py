@@ -39,12 +39,13 @@ VARIANTS = {
 SIZES = {"16 B": (4,), "1 MiB": (256, 1024)}
 
 
-def _makers(k: int, shape: tuple[int, ...]) -> dict[str, Callable[[], Callable[[], Any]]]:
-    """For each variant, a function that builds a fresh jitted function and returns a call of it."""
-    import equinox as eqx
+def _makers(k: int, shape: tuple[int, ...], peers: bool = True) -> dict[str, Callable[[], Callable[[], Any]]]:
+    """For each variant, a function that builds a fresh jitted function and returns a call of it.
+
+    `peers=False`: `jax.jit`'s two forms and `frozenconst.jit` only (no equinox, no flax).
+    """
     import jax
     import jax.numpy as jnp
-    from flax import nnx
 
     import frozenconst
 
@@ -61,16 +62,6 @@ def _makers(k: int, shape: tuple[int, ...]) -> dict[str, Callable[[], Callable[[
             acc = acc + jax.lax.dynamic_slice_in_dim(jnp.asarray(c).reshape(-1), i, 4)
         return acc
 
-    class Holder(eqx.Module):
-        cs: tuple[Any, ...]
-
-    class Net(nnx.Module):
-        def __init__(self, cs: list[Any]) -> None:
-            self.cs = nnx.List([nnx.Variable(c) for c in cs])
-
-    holder = Holder(tuple(arrays))
-    net = Net(arrays)
-
     def closure() -> Callable[[], Any]:
         f = jax.jit(lambda w, i: body(arrays, w, i))
         return lambda: f(w, i)
@@ -83,6 +74,22 @@ def _makers(k: int, shape: tuple[int, ...]) -> dict[str, Callable[[], Callable[[
         f = frozenconst.jit(lambda w, i: body(frozen, w, i))
         return lambda: f(w, i)
 
+    makers = {"jax.jit, closure": closure, "jax.jit, arguments": arguments, "frozenconst.jit": ours}
+    if not peers:
+        return makers
+    import equinox as eqx
+    from flax import nnx
+
+    class Holder(eqx.Module):
+        cs: tuple[Any, ...]
+
+    class Net(nnx.Module):
+        def __init__(self, cs: list[Any]) -> None:
+            self.cs = nnx.List([nnx.Variable(c) for c in cs])
+
+    holder = Holder(tuple(arrays))
+    net = Net(arrays)
+
     def equinox() -> Callable[[], Any]:
         f = eqx.filter_jit(lambda h, w, i: body(h.cs, w, i))
         return lambda: f(holder, w, i)
@@ -91,7 +98,7 @@ def _makers(k: int, shape: tuple[int, ...]) -> dict[str, Callable[[], Callable[[
         f = nnx.jit(lambda m, w, i: body([v[...] for v in m.cs], w, i))
         return lambda: f(net, w, i)
 
-    return dict(zip(VARIANTS, (closure, arguments, ours, equinox, flax_nnx), strict=True))
+    return {**makers, "eqx.filter_jit": equinox, "nnx.jit": flax_nnx}
 
 
 def _first_call(make: Callable[[], Callable[[], Any]], repeats: int) -> float:

@@ -114,12 +114,22 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
+def device_memory() -> dict[str, int] | None:
+    """The default device's `memory_stats()` (`bytes_in_use`, `peak_bytes_in_use`, ...), or
+    None where JAX keeps none (the CPU backend)."""
+    import jax
+
+    stats = jax.local_devices()[0].memory_stats()
+    return {k: int(v) for k, v in stats.items() if isinstance(v, int)} if stats else None
+
+
 def measure(
     variant: str,
     layers: int,
     mib: float,
     steps: int = 5,
     progress: Callable[[str], None] | None = None,
+    budget_s: float = 0.5,
 ) -> dict[str, Any]:
     """Build the scenario for one variant and measure it in this process.
 
@@ -143,19 +153,33 @@ def measure(
     fn(*args).block_until_ready()
     first_call_s = time.perf_counter() - first
     report("first call")
-    # At least `steps` timed steps, more for fast steps (up to about half a
-    # second's worth, 41 at most): short steps need more samples for a stable median.
+    # At least `steps` timed steps, more for fast steps (up to about `budget_s`
+    # seconds' worth, 41 at most): short steps need more samples for a stable median.
     probe = time.perf_counter()
     fn(*args).block_until_ready()
     one = max(time.perf_counter() - probe, 1e-6)
     times = []
-    n = max(steps, min(41, int(0.5 / one)))
+    n = max(steps, min(41, int(budget_s / one)))
     for i in range(n):
         t = time.perf_counter()
-        fn(*args).block_until_ready()
+        out = fn(*args).block_until_ready()
         times.append(time.perf_counter() - t)
+        del out  # freed after the clock stopped: an accelerator's free is not a step's cost
         report(f"step {i + 1} of {n}")
+    # Pipelined: the same steps dispatched back to back and one wait at the end, as a
+    # training loop runs them; the outputs are kept until the clock stops.
+    import jax
+
+    outs = []
+    t = time.perf_counter()
+    for _ in range(n):
+        outs.append(fn(*args))
+    jax.block_until_ready(outs)  # type: ignore[no-untyped-call]  # unannotated in jax 0.10
+    pipelined_s = (time.perf_counter() - t) / n
+    del outs
+    report("pipelined steps")
     peak = peak_rss()
+    memory = device_memory()
     arrays, copies, device_bytes = buffers_holding(data)
     hlo_bytes = len(fn.lower(*args).as_text().encode())  # untimed: text is for measuring only
     return {
@@ -166,11 +190,15 @@ def measure(
         "compile_s": compile_s,
         "first_call_s": first_call_s,
         "step_s": statistics.median(times),
+        "pipelined_step_s": pipelined_s,
         "live_arrays": arrays,
         "live_copies": copies,
         "device_bytes": device_bytes,
         "const_bytes": data.nbytes,
         "peak_rss_bytes": peak,
+        # The default device's own counters, None where JAX keeps none (the CPU backend).
+        "device_bytes_in_use": None if memory is None else memory.get("bytes_in_use"),
+        "device_peak_bytes": None if memory is None else memory.get("peak_bytes_in_use"),
     }
 
 
@@ -231,7 +259,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def demo() -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """Print the `make demo` table; return its (rows, environment)."""
+    """Print the `make demo` table and its one-line summary; return its (rows, environment)."""
     layers, mib = 40, 4
     print(
         f"Seed scenario: one {mib} MiB float32 constant matmul'd against {layers} weight matrices "
@@ -244,12 +272,61 @@ def demo() -> tuple[list[dict[str, Any]], dict[str, str]]:
             result = run_in_subprocess(pipeline, [(variant, layers, mib)], steps=5)
             env = result.pop()["environment"]
             rows += result
-    print(table(rows))
+    print(demo_table(rows))
     print("\nvariants:")
     for name, text in VARIANTS.items():
         print(f"  {name:20s} {text}")
     print("\n" + ", ".join(f"{k} {v}" for k, v in env.items()))
+    print("Timings: `python -m benchmarks seed` (medians of repeated runs, in docs/results/).")
+    print("\n" + demo_summary(rows))
     return rows, env
+
+
+def demo_table(rows: list[dict[str, Any]]) -> str:
+    """`table` without timings: here each is one process's, not a median of repeated runs
+    (`python -m benchmarks seed` repeats them and gives medians)."""
+    base = {(r["pipeline"], r["layers"], r["mib"]): r for r in rows if r["variant"] == "argument"}
+    lines = [
+        "| pipeline | variant | live copies | device MiB | HLO bytes (x base) |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        b = base[(r["pipeline"], r["layers"], r["mib"])]
+        lines.append(
+            f"| {r['pipeline']} | {r['variant']} | {r['live_copies']} | {r['device_bytes'] / 2**20:.1f} "
+            f"| {r['hlo_bytes']:,} ({r['hlo_bytes'] / b['hlo_bytes']:.2f}x) |"
+        )
+    return "\n".join(lines)
+
+
+def demo_summary(rows: list[dict[str, Any]]) -> str:
+    """One line: each variant's HLO bytes (a ratio to the argument baseline) and live device copies."""
+    base = {r["pipeline"]: r for r in rows if r["variant"] == "argument"}
+    by = {(r["pipeline"], r["variant"]): r for r in rows}
+    pipelines = [p for p in PIPELINES if p in base]
+
+    def cell(pipeline: str, variant: str) -> str:
+        r = by.get((pipeline, variant))
+        if r is None:
+            return "not measured"
+        ratio = r["hlo_bytes"] / base[pipeline]["hlo_bytes"]
+        hlo = f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.2f}x"
+        return f"{hlo} HLO, {_copies(r['live_copies'])}"
+
+    held = sorted({base[p]["live_copies"] for p in pipelines})
+    parts = [
+        f"{variant} " + " | ".join(cell(p, variant) for p in pipelines)
+        for variant in VARIANTS
+        if variant != "argument"
+    ]
+    return (
+        f"Summary ({' | '.join(pipelines)} pipeline; HLO bytes against passing the constant as an "
+        f"argument, which holds {' or '.join(map(_copies, held))}): " + "; ".join(parts) + "."
+    )
+
+
+def _copies(n: int) -> str:
+    return f"{n} device cop{'y' if n == 1 else 'ies'}"
 
 
 def measure_pipeline(

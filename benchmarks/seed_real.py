@@ -56,11 +56,23 @@ def default_rss_limit() -> int:
 
 
 def run_variant(
-    variant: str, pipeline: str, layers: int, mib: float, steps: int, rss_limit: int, timeout_s: float
+    variant: str,
+    pipeline: str,
+    layers: int,
+    mib: float,
+    steps: int,
+    rss_limit: int,
+    timeout_s: float,
+    budget_s: float = 0.5,
 ) -> dict[str, Any]:
-    """Measure one variant in a fresh interpreter; a row with `outcome` "ok" or "ran out: ..."."""
+    """Measure one variant in a fresh interpreter; a row with `outcome` "ok" or "ran out: ...".
+
+    `budget_s`: about how long its timed steps may take, at least `steps` of them.
+    """
     env = pipeline_env(seed.PIPELINES[pipeline])
-    spec = json.dumps({"variant": variant, "layers": layers, "mib": mib, "steps": steps})
+    spec = json.dumps(
+        {"variant": variant, "layers": layers, "mib": mib, "steps": steps, "budget_s": budget_s}
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.seed_real", "--worker", spec],
         env=env,
@@ -78,20 +90,24 @@ def run_variant(
         reader.start()
     start = time.monotonic()
     stopped, highest = "", 0
-    while True:
-        # os.wait4 rather than Popen.wait: the kernel's rusage of this child, its
-        # peak RSS included, also when it was killed.
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        highest = max(highest, _rss_of(proc.pid))
-        if not stopped and highest > rss_limit:
-            stopped = f"resident memory passed the {rss_limit / 2**30:.1f} GiB limit"
-            proc.kill()
-        elif not stopped and time.monotonic() - start > timeout_s:
-            stopped = f"still running after {timeout_s:.0f} s"
-            proc.kill()
-        time.sleep(0.05)
+    try:
+        while True:
+            # os.wait4 rather than Popen.wait: the kernel's rusage of this child, its
+            # peak RSS included, also when it was killed.
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            highest = max(highest, _rss_of(proc.pid))
+            if not stopped and highest > rss_limit:
+                stopped = f"resident memory passed the {rss_limit / 2**30:.1f} GiB limit"
+                proc.kill()
+            elif not stopped and time.monotonic() - start > timeout_s:
+                stopped = f"still running after {timeout_s:.0f} s"
+                proc.kill()
+            time.sleep(0.05)
+    except BaseException:  # interrupted (Ctrl-C, a time limit): the worker goes too
+        proc.kill()
+        raise
     proc.returncode = os.waitstatus_to_exitcode(status)
     wall_s = time.monotonic() - start
     for reader in readers:
@@ -146,7 +162,9 @@ def _worker(spec: str) -> None:
 
     jnp.zeros(1).block_until_ready()  # the backend is up: what every variant pays
     report("started")
-    row = seed.measure(request["variant"], request["layers"], request["mib"], request["steps"], report)
+    row = seed.measure(
+        request["variant"], request["layers"], request["mib"], request["steps"], report, request["budget_s"]
+    )
     report("done", result=row)
 
 
@@ -329,7 +347,7 @@ def main(quick: bool, docs: pathlib.Path, rss_limit: int | None = None) -> list[
     (docs / "benchmark-seed-real.json").write_text(
         json.dumps({"environment": env, "command": command, "wall_s": wall_s, "rows": rows}, indent=1)
     )
-    if not quick:  # the README quotes the real size only
+    if not quick and (docs.parent.parent / "README.md").exists():  # the README quotes the real size only
         update_readme(docs.parent.parent / "README.md", rows)
     print(text)
     return rows

@@ -20,6 +20,7 @@ from ._flax import register_flax as register_flax
 from ._flax import register_if_imported as _register_if_imported
 from ._frozen import FrozenConst as FrozenConst
 from ._guard import no_numpy_constants as no_numpy_constants
+from ._hypothesis_hook import register_if_imported as _register_strategy_if_imported
 from ._intern import intern as intern
 from ._jit import jit as jit
 from ._stats import ConstStats as ConstStats
@@ -33,6 +34,9 @@ from ._training import partition as partition
 # flax.serialization learns constants here when flax is already imported (the
 # usual order: `import flax` sorts first); `register_flax()` covers the other.
 _register_if_imported()
+# `st.from_type(FrozenConst)` the same way when hypothesis is imported first;
+# hypothesis's entry point covers the other order.
+_register_strategy_if_imported()
 
 try:
     __version__ = _metadata.version("frozenconst")

@@ -24,6 +24,8 @@ from ._targets import Target, as_sharding
 # `jax.Array` methods that free or invalidate the cached buffer. Everything else
 # on `jax.Array` is offered on `FrozenConst` too, computed on the cached buffer.
 _REFUSED = frozenset({"delete"})
+# DLPack's device type of host memory (`kDLCPU`), as `jax.dlpack` and NumPy number it.
+_DL_CPU = 1
 
 
 if TYPE_CHECKING:
@@ -400,23 +402,55 @@ class FrozenConst(_StaticBase):
         dl_device: tuple[int, int] | None = None,
         copy: bool | None = None,
     ) -> Any:
-        """Export the frozen host buffer through DLPack, read-only.
+        """Export through DLPack, read-only, from where `__dlpack_device__` says, as `jax.Array` does.
 
-        A consumer that only speaks DLPack < 1.0 cannot be told that the buffer is
-        read-only, so it receives a copy instead (unless `copy=False`).
+        On an accelerator, the cached device buffer (`jnp.asarray(x).__dlpack__`);
+        where that is a CPU device, or where `dl_device` asks for the CPU, the
+        frozen host buffer (its dtype, no device round trip). A consumer that only
+        speaks DLPack < 1.0 cannot be told that the memory is read-only, so it
+        receives a copy instead (`BufferError` with `copy=False`). docs/jax.md, "DLPack".
         """
-        host = self._host("x.__dlpack__()")
-        try:
-            return host.__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
-        except BufferError:
+        array = None if dl_device is not None and int(dl_device[0]) == _DL_CPU else self._dlpack_array()
+        if array is None:
+            host = self._host("x.__dlpack__()")
+            try:
+                return host.__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+            except BufferError:
+                if copy is False:
+                    raise
+                return np.array(host).__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device)
+        if max_version is None or tuple(max_version) < (1, 0):
             if copy is False:
-                raise
-            return np.array(host).__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device)
+                raise BufferError(
+                    "`x.__dlpack__(copy=False)` from a consumer of DLPack < 1.0 would hand out the "
+                    "constant's device memory writable: DLPack before 1.0 cannot mark it read-only. "
+                    "Use a consumer of DLPack >= 1.0, or allow a copy."
+                )
+            copy = True
+        return array.__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        """The DLPack device of the host buffer: the CPU."""
-        device: tuple[int, int] = self._host("x.__dlpack_device__()").__dlpack_device__()
+        """The DLPack device `x.__dlpack__()` exports from: that of `jnp.asarray(x)`.
+
+        `(kDLCPU, 0)` on a CPU device (the host buffer, which the device buffer
+        aliases there); the accelerator's otherwise (`(kDLCUDA, id)` on a CUDA GPU).
+        """
+        array = self._dlpack_array()
+        exporter = self._host("x.__dlpack_device__()") if array is None else array
+        device: tuple[int, int] = exporter.__dlpack_device__()
         return device
+
+    def _dlpack_array(self) -> Any:
+        # The device buffer DLPack exports, or None where that is the host buffer: a
+        # constant used on one CPU device, or a traced value (whose host copy refuses).
+        # On several devices, the array: JAX's BufferError, as for a sharded jax.Array.
+        # `Any`: jax.Array's stubs declare `__dlpack__()` without DLPack's keywords, and
+        # no `__dlpack_device__` (jax 0.10); its implementation has both.
+        array: Any = self._store.array(self._sharding, traced=False)
+        if isinstance(array, Tracer):
+            return None
+        devices = array.devices()
+        return None if len(devices) == 1 and next(iter(devices)).platform == "cpu" else array
 
     # -- metadata --------------------------------------------------------------
 

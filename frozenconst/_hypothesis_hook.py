@@ -1,16 +1,47 @@
-"""Hypothesis's entry point: registers `FrozenConst` with `st.from_type` when hypothesis loads."""
+"""`st.from_type(FrozenConst)`, registered whichever of frozenconst and hypothesis is imported second.
+
+Hypothesis's entry point (`_frozenconst_hypothesis.setup`, a module outside this
+package, so that loading it imports nothing of frozenconst) calls `register`
+when frozenconst is imported already; `import frozenconst` calls
+`register_if_imported` for the other order. Either way the registration is a
+function: `frozenconst.strategies` (and `hypothesis.extra.numpy`) is imported
+only when a test first asks hypothesis for a `FrozenConst`.
+"""
 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
+
+from ._frozen import FrozenConst
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+
+def _default_strategy(_: type[FrozenConst]) -> SearchStrategy[FrozenConst]:
+    from .strategies import frozen_consts
+
+    return frozen_consts()
+
+
+def register() -> None:
+    """Register `FrozenConst` with `st.from_type`; importing hypothesis first if needed. Idempotent."""
+    from hypothesis import strategies as st
+
+    st.register_type_strategy(FrozenConst, _default_strategy)
+
+
+def register_if_imported() -> None:
+    """`register()` if hypothesis is imported already; hypothesis is never imported here."""
+    if "hypothesis" in sys.modules:
+        register()
 
 
 def setup() -> None:
-    """Import `frozenconst.strategies`, which registers the strategy as it loads."""
-    if "frozenconst.strategies" in sys.modules:
-        # It is being imported right now (it imports hypothesis, which calls
-        # this hook) and registers itself when it finishes.
-        return
-    import importlib
+    """The entry point environments installed before 0.1.0's plugin move still name.
 
-    importlib.import_module("frozenconst.strategies")
+    Their metadata (`pip install -e .` rewrites it) loads this module, and with
+    it the whole package: the cost the new entry point avoids.
+    """
+    register()

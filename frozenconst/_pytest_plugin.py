@@ -1,52 +1,12 @@
-"""pytest plugin (entry point `pytest11`): the `no_numpy_constants` fixture.
+"""The pytest entry point environments installed from an earlier checkout still name.
 
-A test that requests the fixture fails when code it runs captures a raw NumPy
-constant above `frozenconst_max_numpy_constant_bytes` (an ini option, default
-1024) in any function JAX compiles. The check closes right after the test body,
-so the test itself fails (not its teardown), with the audit line in the message.
+The plugin is `_frozenconst_pytestplugin`, a module outside the package, so
+that pytest loading it imports nothing of frozenconst; `pip install -e .`
+rewrites an older environment's entry point to it. Until then this module
+serves that plugin's hooks and fixture (loading it imports the whole package,
+the cost the new entry point avoids).
 """
 
-from __future__ import annotations
-
-import contextlib
-from collections.abc import Generator
-from typing import Any
-
-import pytest
-
-from ._guard import no_numpy_constants as _guard
-
-_KEY = pytest.StashKey[contextlib.ExitStack]()
-
-
-def pytest_addoption(parser: Any) -> None:
-    parser.addini(
-        "frozenconst_max_numpy_constant_bytes",
-        "largest raw NumPy constant the `no_numpy_constants` fixture allows",
-        default="1024",
-    )
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
-    try:
-        yield
-    finally:
-        stack = item.stash.get(_KEY, None)
-        if stack is not None:
-            del item.stash[_KEY]
-            stack.close()  # raises CapturedNumpyConstantError into the test's own outcome
-
-
-@pytest.fixture
-def no_numpy_constants(request: pytest.FixtureRequest) -> Generator[None]:
-    """Fail the test if traced code captures a raw NumPy constant above the threshold."""
-    limit = int(request.config.getini("frozenconst_max_numpy_constant_bytes"))
-    stack = contextlib.ExitStack()
-    stack.enter_context(_guard(limit))
-    request.node.stash[_KEY] = stack
-    yield
-    leftover = request.node.stash.get(_KEY, None)
-    if leftover is not None:  # the test body never ran
-        del request.node.stash[_KEY]
-        leftover.close()
+from _frozenconst_pytestplugin import no_numpy_constants as no_numpy_constants
+from _frozenconst_pytestplugin import pytest_addoption as pytest_addoption
+from _frozenconst_pytestplugin import pytest_runtest_call as pytest_runtest_call

@@ -1,9 +1,10 @@
 """Hypothesis strategies for `FrozenConst`, built on `hypothesis.extra.numpy`.
 
-Importing this module registers `FrozenConst` with `st.from_type`, so
+`FrozenConst` is registered with `st.from_type`, so
 `@given(x=st.from_type(FrozenConst))` and `@given` with a `FrozenConst`
-annotation just work. Hypothesis also loads that registration itself through
-this package's `hypothesis` entry point.
+annotation just work: by `import frozenconst` when hypothesis is imported
+already, by hypothesis's entry point when frozenconst is, and by importing
+this module.
 
 Example:
     >>> from hypothesis import given, strategies as st
@@ -18,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -45,20 +47,51 @@ _iinfo: Callable[[Any], Any] = ml_dtypes.iinfo
 _finfo: Callable[[Any], Any] = ml_dtypes.finfo
 
 
+# The dtypes `jax.numpy` computes with on every backend: NumPy's numeric ones and
+# bfloat16. The others (float8, float6, float4, int2, int4 and their unsigned
+# kin, and whatever a newer JAX adds) are held, but XLA's support for them is
+# partial: its CPU backend aborts the process on `x + 0` for an empty float6
+# array ("Unhandled primitive type F6E2M3FN", a Check failure, not an
+# exception). Property tests get them when they ask (`exotic=True`).
+_COMPUTABLE: frozenset[np.dtype[Any]] = frozenset(
+    np.dtype(t)
+    for t in (
+        *(np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64),
+        *(np.float16, np.float32, np.float64, np.complex64, np.complex128, ml_dtypes.bfloat16),
+    )
+)
+
+
 @functools.cache
-def _usable_dtypes() -> tuple[np.dtype[Any], ...]:
+def _usable_dtypes(exotic: bool) -> tuple[np.dtype[Any], ...]:
     # Every dtype `jax.numpy` offers that the default backend can hold and read
-    # back (`_host.supported`, the check `FrozenConst` makes, silent): jax 0.10's
+    # back (`_dtypes.supported`, the check `FrozenConst` makes, silent): jax 0.10's
     # CPU backend offers float6 types it cannot transfer, and int1 arrays no
-    # compiled program takes.
-    return tuple(d for d in sorted(SUPPORTED_DTYPES, key=lambda d: d.name) if supported(d))
+    # compiled program takes. Only the exotic ones are probed.
+    candidates = SUPPORTED_DTYPES if exotic else SUPPORTED_DTYPES & _COMPUTABLE
+    return tuple(d for d in sorted(candidates, key=lambda d: d.name) if supported(d))
 
 
-def jax_dtypes() -> st.SearchStrategy[np.dtype[Any]]:
-    """Every dtype JAX supports on the default backend, bfloat16, float8, int4 and friends included."""
-    # Deferred: probing the backend starts it, which must not happen when
-    # hypothesis merely loads this module through its entry point.
-    return st.deferred(lambda: st.sampled_from(_usable_dtypes()))
+def jax_dtypes(*, exotic: bool = False) -> st.SearchStrategy[np.dtype[Any]]:
+    """The dtypes JAX computes with: bool, integers, float16, bfloat16, float32/64, complex64/128.
+
+    Arguments:
+        exotic: also every other dtype the default backend holds: the float8,
+            float6 and float4 types, int2/int4 and uint2/uint4 (XLA computes
+            with them partially: its CPU backend aborts the process on
+            `x + 0` for an empty float6 array).
+
+    Returns:
+        A strategy for NumPy dtypes, shrinking towards `bfloat16`.
+
+    Example:
+        >>> from hypothesis import find
+        >>> find(jax_dtypes(), lambda d: d.kind == "c")
+        dtype('complex128')
+    """
+    # Deferred: probing the backend starts it, which must not happen when the
+    # strategy is merely built (at import, or in a decorator).
+    return st.deferred(lambda: st.sampled_from(_usable_dtypes(exotic)))
 
 
 def _is_numpy_builtin(dtype: np.dtype[Any]) -> bool:
@@ -67,13 +100,25 @@ def _is_numpy_builtin(dtype: np.dtype[Any]) -> bool:
     return dtype.type.__module__ == "numpy"
 
 
+def _floats_within(top: float, allow_nan: bool) -> st.SearchStrategy[float]:
+    finite = st.floats(-top, top, allow_nan=False, allow_infinity=False)
+    return finite | st.sampled_from([math.nan, math.inf, -math.inf]) if allow_nan else finite
+
+
 def _elements(dtype: np.dtype[Any], allow_nan: bool) -> st.SearchStrategy[Any]:
     if _is_numpy_builtin(dtype):
-        if dtype.kind in "iu" and dtype.itemsize == 8 and not X64.value:
+        if dtype.itemsize == 8 and dtype.kind in "iu" and not X64.value:
             # Without x64 JAX holds 64-bit integers in 32 bits, and FrozenConst
             # refuses values it would wrap: draw from the range it holds.
             narrow = np.iinfo(np.int32 if dtype.kind == "i" else np.uint32)
             return hnp.from_dtype(dtype, min_value=int(narrow.min), max_value=int(narrow.max))
+        if (dtype.kind, dtype.itemsize) in {("f", 8), ("c", 16)} and not X64.value:
+            # Without x64 JAX computes with float32 (complex64): a value beyond its
+            # range becomes inf in the cast, with `RuntimeWarning: overflow
+            # encountered in cast` at the first device use, an error under
+            # `filterwarnings = error`. Draw (each part) within the range.
+            part = _floats_within(float(np.finfo(np.float32).max), allow_nan)
+            return part if dtype.kind == "f" else st.builds(complex, part, part)
         return hnp.from_dtype(dtype, allow_nan=allow_nan, allow_infinity=allow_nan)
     # ml_dtypes types: draw in a wider NumPy type, then round into the narrow one.
     try:
@@ -98,13 +143,16 @@ def frozen_consts(
     """A strategy for `FrozenConst`s.
 
     Arguments:
-        dtype: a dtype, or a strategy for one. Default: any dtype JAX supports
-            (`jax_dtypes()`), bfloat16 and the float8 types included.
+        dtype: a dtype, or a strategy for one. Default: the dtypes JAX computes
+            with (`jax_dtypes()`); `jax_dtypes(exotic=True)` adds float8,
+            float6, float4, int2/int4 and their unsigned kin.
         shape: a shape, or a strategy for one. Default: 0 to `max_dims`
             dimensions of 0 to `max_side` elements, so 0-d and zero-size arrays
             appear.
         elements: a strategy for the values. Default: every finite value of the
-            dtype (NaN too if `allow_nan`).
+            dtype that JAX computes with under the x64 setting of the draw
+            (`x.dtype`: without x64, float64 data within float32's range and
+            int64 data within int32's), NaN and infinities too if `allow_nan`.
         allow_nan: whether the default elements include NaN and infinities.
         max_dims: the most dimensions of a default shape.
         max_side: the longest side of a default shape.

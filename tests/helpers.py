@@ -12,16 +12,57 @@ import jax
 import jax.experimental
 import jax.numpy
 import numpy as np
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIMEOUT_S = 240
 
+# -- what holds only on JAX's CPU backend ------------------------------------------
+# The suite checks each promise on whatever device runs it (an accelerator under
+# `tools/gpu-run`). A few facts hold only where JAX's default backend is the CPU;
+# a test checks one only behind `requires_cpu(fact)` or `if on_cpu():`, or in a
+# subprocess started with `subprocess_env("cpu")`. tests/test_device_neutral.py
+# checks that every such read is guarded.
+CPU_ONLY = {
+    "aliasing": "JAX's CPU backend aliases a 64-byte-aligned host buffer instead of copying it "
+    "(jax #37830), so a device buffer can be the frozen host buffer; an accelerator's lives in "
+    "its own memory",
+    "host RSS": "device buffers count in the process's resident memory only on the CPU backend; on "
+    "an accelerator its driver allocates host memory (staging and pinned buffers) of its own",
+    "cpu devices": "several devices in one process exist only as CPU devices "
+    "(`jax_num_cpu_devices`), set before the backend starts, in a subprocess of their own",
+}
 
-def subprocess_env():
-    """The environment for a Python subprocess that imports this checkout, on the CPU."""
+
+@functools.cache
+def on_cpu() -> bool:
+    """Whether JAX's default backend is the CPU. Asked on first need: it starts JAX's backend."""
+    return jax.default_backend() == "cpu"
+
+
+def requires_cpu(fact: str) -> None:
+    """Skip the calling test, with the reason, unless JAX's default backend is the CPU:
+    `fact` (a key of `CPU_ONLY`) holds only there."""
+    if not on_cpu():
+        pytest.skip(
+            f"{fact} is a CPU-backend fact ({CPU_ONLY[fact]}); the default backend is {jax.default_backend()}"
+        )
+
+
+def subprocess_env(platform=None):
+    """The environment for a Python subprocess that imports this checkout.
+
+    By default the subprocess runs on the devices this process runs on (JAX's
+    platform variable inherited, not set), so its checks hold there too.
+    `platform="cpu"` forces JAX's CPU backend: for a subprocess that makes
+    several CPU devices or processes (`CPU_ONLY["cpu devices"]`) or measures
+    host memory (`CPU_ONLY["host RSS"]`).
+    """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env.setdefault("JAX_PLATFORMS", "cpu")
+    if platform is not None:
+        assert platform == "cpu", platform
+        env["JAX_PLATFORMS"] = "cpu"
     return env
 
 
@@ -34,15 +75,15 @@ def free_port():
 
 
 def run_processes(commands, timeout=TIMEOUT_S):
-    """Run `commands` side by side, each in its own process group; kill every group
-    still running once they are done or the time is up.
+    """Run `commands` side by side on JAX's CPU backend, each in its own process group; kill
+    every group still running once they are done or the time is up.
 
     Returns (exit codes, outputs with stderr merged).
     """
     procs = [
         subprocess.Popen(
             cmd,
-            env=subprocess_env(),
+            env=subprocess_env("cpu"),  # several processes of CPU devices (`jax.distributed`)
             start_new_session=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -135,11 +176,23 @@ def live_copies(data: np.ndarray) -> int:
     return len(buffers)
 
 
+def on_device(data):
+    """`data` (NumPy data, or a FrozenConst's host data) as a plain `jax.Array` on the default device.
+
+    The operand of a reference result: computed by JAX where the code under test
+    computes, never by NumPy. An accelerator's float32 matmul rounds differently
+    from NumPy's (about 3e-5 relative on the H200, issue #20), the same
+    computation on the same device does not.
+    """
+    return jax.numpy.asarray(np.asarray(data))
+
+
 def assert_float32_close(actual, expected, magnitude, rtol=1e-5) -> None:
     """`actual` equals `expected` up to the float32 rounding of sums of terms of `magnitude`.
 
-    `magnitude` is the sum of the terms' absolute values (`abs(a) @ abs(b)` for
-    `a @ b`).
+    `expected` is computed by JAX on the same device (operands from `on_device`):
+    `on_device(a) @ b`, not `a @ b` in NumPy. `magnitude` is the sum of the terms'
+    absolute values (`abs(a) @ abs(b)` for `a @ b`), in NumPy.
 
     XLA and NumPy sum in different orders. Where terms cancel, an entry can be
     far smaller than its terms, and a tolerance relative to the entry alone

@@ -234,3 +234,16 @@ def test_device_bytes_count_the_default_buffer_whole_when_a_shard_aliases_its_st
                 buffers[ptr] = max(buffers.get(ptr, 0), shard.data.nbytes)
     assert x.stats().device_bytes[device] == sum(buffers.values()) >= default.nbytes
     assert frozenconst.stats().device_bytes[device] >= default.nbytes
+
+
+def test_dlpack_of_a_constant_on_several_devices_refuses_as_jax_does_unless_asked_for_the_cpu():
+    data = _data(seed=11)
+    x = FrozenConst(data).placed(NamedSharding(jax.make_mesh((4,), ("x",)), P("x")))
+    for export in (lambda a: a.__dlpack_device__(), lambda a: a.__dlpack__(max_version=(1, 0))):
+        with pytest.raises(BufferError):
+            export(jnp.asarray(x))
+        with pytest.raises(BufferError):
+            export(x)
+    view = np.from_dlpack(x, device="cpu")  # the whole host data, read-only, no copy
+    np.testing.assert_array_equal(view, data)
+    assert np.shares_memory(view, np.asarray(x)) and not view.flags.writeable

@@ -151,6 +151,8 @@ def test_edges_across_two_processes(tmp_path):
 
 @pytest.mark.subprocess
 def test_the_documented_example_runs():
-    code, out = run_bounded([sys.executable, str(EXAMPLE)], TIMEOUT_S, env=subprocess_env(), cwd=HERE.parent)
+    code, out = run_bounded(
+        [sys.executable, str(EXAMPLE)], TIMEOUT_S, env=subprocess_env("cpu"), cwd=HERE.parent
+    )  # processes of CPU devices
     assert code == 0, out[-6000:]
     assert "process 0 ok: holds 2097152 of 4194304 bytes" in out and "process 1 ok" in out

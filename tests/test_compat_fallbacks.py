@@ -19,7 +19,15 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import SIMPLIFIED, assert_float32_close, enable_x64, run_bounded, subprocess_env, unique_data
+from helpers import (
+    SIMPLIFIED,
+    assert_float32_close,
+    enable_x64,
+    on_device,
+    run_bounded,
+    subprocess_env,
+    unique_data,
+)
 from hypothesis import strategies as st
 
 import frozenconst
@@ -67,7 +75,7 @@ def test_without_eval_context_constants_met_in_traces_are_cached_concrete(monkey
     inside = jax.jit(lambda w: jnp.asarray(x) @ w)(jnp.ones(3))
     eager = jnp.asarray(x)
     assert shape.shape == (4,)
-    assert_float32_close(inside, data @ np.ones(3), np.abs(data).sum(1))
+    assert_float32_close(inside, on_device(data) @ np.ones(3), np.abs(data).sum(1))
     assert not isinstance(eager, jax.core.Tracer)
     np.testing.assert_array_equal(np.asarray(eager), data)
     assert not any(isinstance(a, jax.core.Tracer) for a in x._store._served.values())
@@ -94,7 +102,9 @@ def test_without_trace_identity_every_trace_is_redone_isolated_and_warned(monkey
     # Default pipeline: stopped once, then traced isolated, then cached. Simplified:
     # the constant is captured as its buffer, as by jax.jit, and nothing is stopped.
     assert len(traces) == (1 if SIMPLIFIED else 2)
-    assert_float32_close(out, data @ (data @ np.ones(8)), np.abs(data) @ np.abs(data).sum(1))
+    assert_float32_close(
+        out, on_device(data) @ (on_device(data) @ np.ones(8)), np.abs(data) @ np.abs(data).sum(1)
+    )
     # Still no constant data in the program: the size of the one taking `c` as an argument.
     as_argument = jax.jit(
         lambda c, w: jax.lax.scan(lambda carry, _: (c @ carry, None), c @ w, None, length=1)[0]
@@ -133,7 +143,9 @@ def test_trace_contexts_carried_by_the_source_file_pattern(monkeypatch):
     assert jax.config.jax_hlo_source_file_canonicalization_regex == before
     # Default pipeline: the nested use stops the first trace once, then never again.
     assert len(traces) == (1 if SIMPLIFIED else 2)
-    assert_float32_close(out, data @ (data @ np.ones(8)), np.abs(data) @ np.abs(data).sum(1))
+    assert_float32_close(
+        out, on_device(data) @ (on_device(data) @ np.ones(8)), np.abs(data) @ np.abs(data).sum(1)
+    )
     as_argument = jax.jit(lambda c, w: jax.lax.scan(lambda carry, _: (c @ carry, None), w, None, length=2)[0])
     w = jnp.ones(8)
     assert len(f.lower(w).as_text()) <= 1.1 * len(as_argument.lower(jnp.asarray(c), w).as_text())

@@ -25,7 +25,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 def test_the_composition_cases_on_two_devices(pipeline):
     if pipeline == "simplified" and not hasattr(jax.config, "jax_use_simplified_jaxpr_constants"):
         pytest.skip(f"jax {jax.__version__} has one constant pipeline")
-    env = subprocess_env()
+    env = subprocess_env("cpu")  # two CPU devices
     env["FROZENCONST_CPU_DEVICES"] = "2"
     env.pop("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS", None)
     if pipeline == "simplified":

@@ -18,7 +18,7 @@ def test_building_from_a_memory_map_peaks_at_one_copy(tmp_path):
     for mode in ("np.load + FrozenConst", "mmap + FrozenConst"):
         code, out = run_bounded(
             [sys.executable, "-m", "benchmarks.disk", "--worker", mode, str(path)],
-            env=subprocess_env(),
+            env=subprocess_env("cpu"),  # host RSS: the build, measured where no driver allocates
             cwd=ROOT,
         )
         assert code == 0, out

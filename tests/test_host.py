@@ -25,7 +25,7 @@ def _public_numpy_views(x: FrozenConst) -> list[np.ndarray]:
         x.__array__(),
         x.__array__(copy=False),
         x.__array__(dtype=x.dtype, copy=None),
-        np.from_dlpack(x),
+        np.from_dlpack(x, device="cpu"),  # the host buffer, wherever the device buffer lives
     ]
 
 

@@ -19,8 +19,11 @@ from frozenconst import FrozenConst
 from frozenconst._audit import BYPASS_JAX_NUMPY, TAKE_PYTREES
 
 
-def _same(a, b):
-    """Equal results: same pytree structure, types, dtypes, shapes and values (NaN-aware)."""
+def _same(a, b, values=True):
+    """Equal results: same pytree structure, types, dtypes, shapes and values (NaN-aware).
+
+    `values=False` leaves the values out, for arrays whose memory is uninitialised.
+    """
     la, ta = jax.tree_util.tree_flatten(a)
     lb, tb = jax.tree_util.tree_flatten(b)
     assert ta == tb, (ta, tb)
@@ -28,8 +31,9 @@ def _same(a, b):
         assert type(u) is type(v), (type(u), type(v))
         if isinstance(u, (jax.Array, np.ndarray)):
             assert u.dtype == v.dtype and u.shape == v.shape
-            np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
-        else:
+            if values:
+                np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+        elif values:
             assert u == v or (u != u and v != v)
 
 
@@ -141,9 +145,9 @@ def test_len_iteration_and_metadata():
 # -- jax.Array methods and properties: a sweep over the public API ---------------
 
 
-def _same_result(a, b):
+def _same_result(a, b, values=True):
     """`_same`, and for every array the rest of its metadata: weak type, committed, sharding."""
-    _same(a, b)
+    _same(a, b, values)
     for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
         if isinstance(u, jax.Array):
             got, expected = (u.weak_type, u.committed, u.sharding), (v.weak_type, v.committed, v.sharding)
@@ -275,6 +279,10 @@ _BUFFER_PROTOCOL = {"frombuffer"}
 # Results compared: pytrees of these. Others (a dtype, `finfo`, a context manager) say
 # nothing about the array and end the search for that function, untested.
 _RESULT_LEAVES = (jax.Array, np.ndarray, np.generic, int, float, bool, complex)
+# Functions whose results are uninitialised memory on an accelerator (on the CPU backend
+# they happen to be zeros): their results are compared by everything but the values. JAX's
+# own extensibility test of `empty_like` fails on a GPU for plain arrays (issue #20).
+_UNINITIALISED = {"empty", "empty_like"}
 
 
 def _public_functions(module):
@@ -310,7 +318,7 @@ def _run(fn, form, a, s, closed_over):
     return jitted(*args)
 
 
-def _same_under_jit(fn, form, x, sx, ref, sref):
+def _same_under_jit(fn, form, x, sx, ref, sref, values=True):
     for closed_over in (True, False):
         how = "closed over" if closed_over else "as arguments"
         try:
@@ -335,7 +343,7 @@ def _same_under_jit(fn, form, x, sx, ref, sref):
             # Another program for the same result (jnp.stack takes a jax.Array as one
             # array, a FrozenConst as the sequence of its rows): run both and compare.
             got_result = _quietly(_run, fn, form, x, sx, closed_over)
-            _same_result(got_result, _quietly(_run, fn, form, ref, sref, closed_over))
+            _same_result(got_result, _quietly(_run, fn, form, ref, sref, closed_over), values)
 
 
 def _sweep(module):
@@ -354,9 +362,10 @@ def _sweep(module):
                     continue
                 if not all(isinstance(leaf, _RESULT_LEAVES) for leaf in jax.tree_util.tree_leaves(expected)):
                     break
+                values = name not in _UNINITIALISED
                 try:
-                    _same_result(_quietly(fn, *form(x, sx)), expected)
-                    _same_under_jit(fn, form, x, sx, ref, sref)
+                    _same_result(_quietly(fn, *form(x, sx)), expected, values)
+                    _same_under_jit(fn, form, x, sx, ref, sref, values)
                 except Exception as err:  # collected and reported below
                     mismatched.append(f"{module.__name__}.{name}: {type(err).__name__}: {err}"[:300])
                 tested.append(name)

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import SIMPLIFIED, assert_float32_close, live_copies, unique_data
+from helpers import SIMPLIFIED, assert_float32_close, live_copies, on_device, unique_data
 
 import frozenconst
 from frozenconst import FrozenConst
@@ -104,7 +104,7 @@ def test_nested_frozenconst_jit_stays_hoisted_even_when_traced_before():
     outer = frozenconst.jit(lambda w: inner(w) * 2)
     assert len(outer.lower(jnp.ones(128)).as_text()) * 4 < c.nbytes  # no 64 KiB of data (about 4x as text)
     ones = np.ones(128, np.float32)
-    assert_float32_close(outer(jnp.ones(128)), np.asarray(c) @ ones * 2, np.abs(np.asarray(c)) @ ones * 2)
+    assert_float32_close(outer(jnp.ones(128)), on_device(c) @ ones * 2, np.abs(np.asarray(c)) @ ones * 2)
 
 
 def test_nested_jax_jit_traced_before_is_hoisted_too():
@@ -117,7 +117,7 @@ def test_nested_jax_jit_traced_before_is_hoisted_too():
     outer = frozenconst.jit(lambda w: inner(w) + 1)
     assert len(outer.lower(jnp.ones(128)).as_text()) * 4 < c.nbytes  # no 64 KiB of data (about 4x as text)
     ones = np.ones(128, np.float32)
-    assert_float32_close(outer(jnp.ones(128)), np.asarray(c) @ ones + 1, np.abs(np.asarray(c)) @ ones + 1)
+    assert_float32_close(outer(jnp.ones(128)), on_device(c) @ ones + 1, np.abs(np.asarray(c)) @ ones + 1)
 
 
 def test_inner_functions_traced_under_frozenconst_jit_never_leak_tracers():
@@ -128,7 +128,7 @@ def test_inner_functions_traced_under_frozenconst_jit_never_leak_tracers():
     frozenconst.jit(lambda w: inner(w) + jax.lax.scan(body, w, None, length=2)[0])(w)
     # Later uses of the same inner functions, eager and under plain jax.jit.
     ones = np.ones(8, np.float32)
-    expected, magnitude = np.asarray(c) @ ones, np.abs(np.asarray(c)) @ ones
+    expected, magnitude = on_device(c) @ ones, np.abs(np.asarray(c)) @ ones
     assert_float32_close(inner(w), expected, magnitude)
     assert_float32_close(jax.jit(lambda w: inner(w))(w), expected, magnitude)
     jax.lax.scan(body, w, None, length=2)[0].block_until_ready()

@@ -22,17 +22,8 @@ LAYERS = [
     ["_groups"],
     ["_stages"],
     ["_jit"],
-    [
-        "_audit",
-        "_checkpoints",
-        "_filter_jit",
-        "_flax",
-        "_intern",
-        "_training",
-        "strategies",
-        "_hypothesis_hook",
-    ],
-    ["_guard"],
+    ["_audit", "_checkpoints", "_filter_jit", "_flax", "_intern", "_training", "strategies"],
+    ["_guard", "_hypothesis_hook"],
     ["_pytest_plugin", "__init__", "__main__"],
 ]
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}

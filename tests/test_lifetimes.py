@@ -17,7 +17,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import SIMPLIFIED, assert_float32_close, live_copies, run_bounded, subprocess_env, unique_data
+from helpers import (
+    SIMPLIFIED,
+    assert_float32_close,
+    live_copies,
+    on_device,
+    run_bounded,
+    subprocess_env,
+    unique_data,
+)
 
 import frozenconst
 from frozenconst import FrozenConst, _compat
@@ -67,7 +75,7 @@ def test_pytree_arguments_and_closures_of_dropped_functions_are_freed(wrap):
         tree = {"table": FrozenConst(arg_data), "scale": jnp.float32(2)}
         f = wrap(lambda t, w: (t["table"] @ (closed @ w)) * t["scale"])
         out = f(tree, jnp.ones(8))
-        expected = arg_data @ (closed_data @ np.ones(8, np.float32)) * 2
+        expected = on_device(arg_data) @ (on_device(closed_data) @ np.ones(8, np.float32)) * 2
         assert_float32_close(out, expected, np.abs(arg_data) @ (np.abs(closed_data) @ np.ones(8)) * 2)
         return weakref.ref(tree["table"]), weakref.ref(closed)
 
@@ -94,7 +102,7 @@ def test_each_call_is_fed_only_the_constants_its_executable_takes():
         assert len(program.jaxpr.invars) == len(baseline.jaxpr.invars) - SIMPLIFIED == 2 - SIMPLIFIED
         assert program.consts == []
     assert_float32_close(
-        f(holders[7], w), np.asarray(holders[7].c) @ np.ones(8), np.abs(np.asarray(holders[7].c)).sum(1)
+        f(holders[7], w), on_device(holders[7].c) @ np.ones(8), np.abs(np.asarray(holders[7].c)).sum(1)
     )
     assert f.constants == (0 if SIMPLIFIED else 30)  # over all configurations
 
@@ -106,8 +114,8 @@ def test_static_arguments_by_name_and_by_position_share_their_constants():
     w = jnp.ones(8)
     hc, hd = Holder(c), Holder(d)
     for h in (hc, hd):
-        assert_float32_close(f(w, table=h), np.asarray(h.c) @ np.ones(8), np.abs(np.asarray(h.c)).sum(1))
-        assert_float32_close(f(w, h), np.asarray(h.c) @ np.ones(8), np.abs(np.asarray(h.c)).sum(1))
+        assert_float32_close(f(w, table=h), on_device(h.c) @ np.ones(8), np.abs(np.asarray(h.c)).sum(1))
+        assert_float32_close(f(w, h), on_device(h.c) @ np.ones(8), np.abs(np.asarray(h.c)).sum(1))
         assert len(f.trace(w, h).jaxpr.jaxpr.invars) == 2 - SIMPLIFIED
         assert len(f.trace(w, table=h).jaxpr.jaxpr.invars) == 2 - SIMPLIFIED
 
@@ -148,7 +156,7 @@ def test_evict_leaves_no_array_on_the_evicted_buffer_and_accounting_true():
     assert device_before.get(device, 0) - after.get(device, 0) == data.nbytes
     # The next use transfers once, and every function is fed the new buffer.
     transfers = x.stats().transfers
-    assert_float32_close(f(w), data @ np.ones(64), np.abs(data).sum(1))
+    assert_float32_close(f(w), on_device(data) @ np.ones(64), np.abs(data).sum(1))
     g(w).block_until_ready()
     assert x.stats().transfers == transfers + 1
     assert live_copies(data) == 1
@@ -189,7 +197,8 @@ def test_nested_use_is_traced_again_isolated_once_then_never():
     for n in (1, 2):
         w = jnp.ones((8, n))
         a = np.asarray(c)
-        assert_float32_close(jitted(w), a @ (a @ np.ones((8, n))), np.abs(a) @ (np.abs(a) @ np.ones((8, n))))
+        expected = on_device(a) @ (on_device(a) @ np.ones((8, n)))
+        assert_float32_close(jitted(w), expected, np.abs(a) @ (np.abs(a) @ np.ones((8, n))))
     # Default pipeline: one redo, on the first trace only. Simplified: captured, no redo.
     assert traces == ([(8, 1), (8, 2)] if SIMPLIFIED else [(8, 1), (8, 1), (8, 2)])
     # No constant data in the program: the size of the one taking `c` as an argument.
@@ -216,7 +225,7 @@ def test_without_trace_isolation_nested_uses_are_correct_and_warned_once(monkeyp
     # jax.jit, and never embedded: nothing is degraded, nothing said.
     assert len(said) == (0 if SIMPLIFIED else 1)
     assert all("cannot isolate traces" in m for m in said)
-    assert_float32_close(out, np.asarray(c) @ np.ones(8), np.abs(np.asarray(c)).sum(1))
+    assert_float32_close(out, on_device(c) @ np.ones(8), np.abs(np.asarray(c)).sum(1))
     _compat.warn_degraded.cache_clear()
 
 
@@ -280,7 +289,7 @@ def test_functions_made_and_dropped_leave_memory_flat_as_jax_jit():
         text=True,
         timeout=600,
         cwd=ROOT,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        env=subprocess_env("cpu"),  # host RSS
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     growth = {name: int(value) for name, value in (line.split() for line in proc.stdout.split("\n") if line)}
@@ -319,7 +328,9 @@ def test_functions_using_a_constant_in_a_nested_trace_grow_memory_as_jax_jit(for
     # counts as 256.
     count = 1200
     worker = pathlib.Path(__file__).resolve().parent / "memory_churn_worker.py"
-    code, out = run_bounded([sys.executable, str(worker), form, str(count)], 600, env=subprocess_env())
+    code, out = run_bounded(
+        [sys.executable, str(worker), form, str(count)], 600, env=subprocess_env("cpu")
+    )  # host RSS
     assert code == 0, out[-4000:]
     (line,) = [ln for ln in out.splitlines() if ln.startswith("GROWTH ")]
     plain, ours = map(float, line.split()[2:])

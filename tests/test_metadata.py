@@ -128,7 +128,7 @@ print("mixing ok")
 
 @pytest.mark.subprocess
 def test_like_results_mix_with_arrays_on_another_device():
-    code, out = run_bounded([sys.executable, "-c", _MIXING], env=subprocess_env())
+    code, out = run_bounded([sys.executable, "-c", _MIXING], env=subprocess_env("cpu"))  # two CPU devices
     assert code == 0 and "mixing ok" in out, out[-6000:]
 
 

@@ -12,7 +12,7 @@ TIMEOUT_S = 240
 
 
 def _env():
-    return subprocess_env()
+    return subprocess_env("cpu")  # four CPU devices, or two processes of CPU devices
 
 
 def _run(cmd, **kwargs):

@@ -175,7 +175,7 @@ def test_probing_an_untransferable_dtype_prints_nothing():
         except frozenconst.FrozenConstTypeError:
             print("int1 refused")
         @settings(max_examples=5, database=None)
-        @given(jax_dtypes())
+        @given(jax_dtypes(exotic=True))
         def draw(dtype):
             pass
         draw()

@@ -1,6 +1,5 @@
 """Pickling keeps a declared sharding where the unpickling process can rebuild it (issue #11, part 5)."""
 
-import os
 import pathlib
 import pickle
 import subprocess
@@ -12,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import subprocess_env
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
@@ -143,12 +143,9 @@ _SCRIPT = textwrap.dedent(
 
 
 def _run(*args):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
-    env.setdefault("JAX_PLATFORMS", "cpu")
     out = subprocess.run(
         [sys.executable, "-c", _SCRIPT, *args],
-        env=env,
+        env=subprocess_env("cpu"),  # four CPU devices
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,

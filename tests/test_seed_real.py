@@ -7,12 +7,26 @@ passes the memory limit is reported as having run out, with the last stage it re
 """
 
 import json
+import os
 import sys
 
 import pytest
-from helpers import ROOT, run_bounded, subprocess_env
+from helpers import ROOT, on_cpu, run_bounded, subprocess_env
 
 pytestmark = pytest.mark.subprocess  # each variant runs in a fresh interpreter
+
+
+def _rss_counter_slack():
+    """How far apart two reads of a process's RSS can be for counting alone, in bytes.
+
+    Linux counts resident pages per CPU (per-CPU counters since 6.2; per-thread
+    caches synced every 64 faults before): a read can miss up to a batch of pages
+    per CPU for each of the file, anonymous and shared-memory counts, the batch
+    `max(32, 2 * CPUs)` pages (64 before 6.2). Seen: 4 KiB apart on a 214 MiB peak
+    on 2 cores; more than 1% apart on the 16-core H200 machine (issue #20).
+    """
+    cpus = os.cpu_count() or 1
+    return 3 * cpus * max(64, 2 * cpus) * os.sysconf("SC_PAGE_SIZE")
 
 
 def run_variant(tmp_path, variant, rss_limit):
@@ -31,11 +45,16 @@ def test_a_variant_that_finishes_reports_its_peak_rss(tmp_path):
     row = run_variant(tmp_path, "frozenconst.jit", rss_limit=2**40)["row"]
     assert row["outcome"] == "ok"
     assert row["live_copies"] == 1
-    # The worker's own peak (VmHWM, read as it ends) and the kernel's (`ru_maxrss`,
-    # at exit) agree up to the slack of Linux's per-CPU RSS counters: a few pages
-    # either way (seen: 4 KiB over, on a 214 MiB peak).
-    assert row["peak_rss_bytes"] > 0
-    assert abs(row["peak_rss_bytes"] - row["os_peak_rss_bytes"]) <= 0.01 * row["os_peak_rss_bytes"]
+    # The worker's own peak (VmHWM, read after its steps) and the kernel's (`ru_maxrss`,
+    # at exit) are two reads of one high-water mark: the first is never above the
+    # second, up to the slack of Linux's RSS counters.
+    slack = max(0.01 * row["os_peak_rss_bytes"], _rss_counter_slack())
+    assert 0 < row["peak_rss_bytes"] <= row["os_peak_rss_bytes"] + slack
+    if on_cpu():
+        # And nothing after the steps grows the process: on the CPU backend, counting
+        # the device copies reads them where they are. On an accelerator it copies each
+        # to the host first, so the kernel's peak can be above the one read at the steps.
+        assert row["os_peak_rss_bytes"] <= row["peak_rss_bytes"] + slack
 
 
 def test_a_variant_over_the_memory_limit_is_reported_as_run_out(tmp_path):

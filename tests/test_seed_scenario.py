@@ -92,3 +92,24 @@ def test_raw_numpy_closure_shows_what_it_costs(rows):
 def test_frozenconst_under_plain_jit_keeps_one_copy(rows):
     _, by_variant = rows
     assert by_variant["frozenconst-closure"]["live_copies"] == 1
+
+
+def test_the_demo_ends_with_one_line_saying_what_the_rows_show(rows):
+    from benchmarks.seed import demo_summary
+
+    pipeline, by_variant = rows
+    line = demo_summary(list(by_variant.values()))
+    assert "\n" not in line and f"({pipeline} pipeline;" in line
+    base = by_variant["argument"]
+    for variant, r in by_variant.items():
+        if variant == "argument":
+            continue
+        ratio = r["hlo_bytes"] / base["hlo_bytes"]
+        hlo = f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.2f}x"
+        copies = r["live_copies"]
+        assert f"{variant} {hlo} HLO, {copies} device cop{'y' if copies == 1 else 'ies'}" in line, line
+    # What the demo is for: the raw NumPy closure's cost, and frozenconst.jit's lack of it.
+    ours = by_variant["frozenconst.jit"]
+    assert ours["live_copies"] == 1 and ours["hlo_bytes"] < 2 * base["hlo_bytes"]
+    if "numpy-closure" in by_variant:
+        assert (f"HLO, {LAYERS} device copies" in line) == (pipeline == "simplified"), line

@@ -1,0 +1,102 @@
+"""`frozenconst.strategies`' defaults: constants `jax.numpy` computes with; exotic dtypes on request.
+
+docs/testing.md, "What the defaults generate", gives the reasons: XLA's CPU
+backend aborts the process on `x + 0` for an empty float6 array, and a float64
+value beyond float32's range warns (`overflow encountered in cast`) when JAX
+narrows it without x64.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import enable_x64
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from frozenconst import FrozenConst
+from frozenconst._dtypes import SUPPORTED_DTYPES, supported
+from frozenconst.strategies import frozen_consts, jax_dtypes
+
+COMPUTABLE = {
+    np.dtype(t)
+    for t in (
+        *(np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64),
+        *(np.float16, np.float32, np.float64, np.complex64, np.complex128, ml_dtypes.bfloat16),
+    )
+}
+EXOTIC = {d for d in SUPPORTED_DTYPES if d not in COMPUTABLE and supported(d)}
+
+_DEFAULTS = {"frozen_consts()": frozen_consts, "st.from_type(FrozenConst)": lambda: st.from_type(FrozenConst)}
+_TIMES_ONE = jax.jit(lambda c: c * 1)  # one function: compiled once per dtype and shape
+
+
+def _uses(x):
+    """What a suite does first with a constant: each result on the device, waited for."""
+    for result in (x + 0, jnp.sum(x), jnp.asarray(x), _TIMES_ONE(x)):
+        jax.block_until_ready(result)
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("x64", [False, True], ids=["x64-off", "x64-on"])
+@given(source=st.sampled_from(sorted(_DEFAULTS)), data=st.data())
+def test_default_constants_take_jax_numpy_arithmetic_without_a_warning(x64, source, data):
+    with enable_x64(x64), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        x = data.draw(_DEFAULTS[source](), label="x")
+        _uses(x)
+        assert x.host_dtype in COMPUTABLE
+        host = np.asarray(x)
+        if host.dtype.kind in "fc" and host.size:
+            # Finite, within the range of what JAX computes with (x.dtype).
+            top = float(ml_dtypes.finfo(x.dtype).max)
+            assert np.all(np.isfinite(host))
+            assert np.all(np.abs(host.real) <= top) and np.all(np.abs(np.imag(host)) <= top)
+
+
+@pytest.mark.filterwarnings("error")
+@settings(max_examples=20)
+@given(x=frozen_consts(dtype=st.sampled_from(["float64", "complex128"]), allow_nan=True))
+def test_64_bit_floats_without_x64_stay_within_float32s_range_with_nan_too(x):
+    host = np.asarray(x)
+    finite = host[np.isfinite(host)]
+    top = float(np.finfo(np.float32).max)
+    assert np.all(np.abs(finite.real) <= top) and np.all(np.abs(np.imag(finite)) <= top)
+    _uses(x)
+
+
+def _drawn(strategy, n):
+    seen = set()
+
+    @settings(max_examples=n, database=None)
+    @given(strategy)
+    def collect(value):
+        seen.add(np.dtype(value.dtype if isinstance(value, FrozenConst) else value))
+
+    collect()
+    return seen
+
+
+def test_the_default_dtypes_are_the_ones_jax_computes_with():
+    assert EXOTIC, "this JAX holds no exotic dtype: the check below checks nothing"
+    assert _drawn(jax_dtypes(), 300) == COMPUTABLE & SUPPORTED_DTYPES
+    # The constants: their host dtypes (x.dtype is the narrowed one without x64).
+    hosts = set()
+
+    @settings(max_examples=150, database=None)
+    @given(frozen_consts())
+    def collect(x):
+        hosts.add(x.host_dtype)
+
+    collect()
+    assert hosts <= COMPUTABLE
+
+
+def test_exotic_dtypes_come_when_asked_for():
+    assert _drawn(jax_dtypes(exotic=True), 400) == COMPUTABLE & SUPPORTED_DTYPES | EXOTIC
+    exotic = sorted(EXOTIC, key=str)[0]
+    assert _drawn(frozen_consts(dtype=exotic), 5) == {exotic}
+    assert _drawn(frozen_consts(dtype=jax_dtypes(exotic=True)), 400) & EXOTIC
