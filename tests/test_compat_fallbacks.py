@@ -298,4 +298,4 @@ def test_without_jaxs_autodiff_tracers_every_tracer_is_stopped_and_gradients_are
     assert "stop_gradient" in str(jax.make_jaxpr(lambda t: t["c"] * 1)(tree))
     monkeypatch.undo()
     assert "stop_gradient" not in str(jax.make_jaxpr(lambda t: t["c"] * 1)(tree))
-    assert _compat.DIFFERENTIATED != (_compat.Tracer,)  # found on every supported JAX
+    assert (_compat.Tracer,) != _compat.DIFFERENTIATED  # found on every supported JAX
