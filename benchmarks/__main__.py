@@ -55,7 +55,10 @@ def plot(rows: list[dict[str, Any]], mib: float, path: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True)
+    # Device memory, HLO bytes and compile time: a constant embedded in the
+    # program holds no device buffer (0 MiB, the best-looking line of the
+    # default pipeline's memory panel), and the HLO panel shows where it went.
+    fig, axes = plt.subplots(3, 2, figsize=(11, 10.5), sharex=True)
     for col, pipeline in enumerate(seed.PIPELINES):
         for variant in seed.VARIANTS:
             sel = sorted(
@@ -70,12 +73,15 @@ def plot(rows: list[dict[str, Any]], mib: float, path: pathlib.Path) -> None:
                 continue
             ls = [r["layers"] for r in sel]
             axes[0][col].plot(ls, [r["device_bytes"] / 2**20 for r in sel], marker="o", label=variant)
-            axes[1][col].plot(ls, [r["compile_s"] for r in sel], marker="o", label=variant)
+            axes[1][col].plot(ls, [r["hlo_bytes"] / 1e6 for r in sel], marker="o", label=variant)
+            axes[2][col].plot(ls, [r["compile_s"] for r in sel], marker="o", label=variant)
         axes[0][col].set_title(f"{pipeline} constant pipeline, {mib:g} MiB constant")
-        axes[0][col].set_ylabel("device MiB holding the constant")
-        axes[1][col].set_ylabel("trace + compile, s")
-        axes[1][col].set_xlabel("layers L using the constant")
-        for ax in (axes[0][col], axes[1][col]):
+        axes[0][col].set_ylabel("device MiB holding the constant\n(0: embedded in the program)")
+        axes[1][col].set_ylabel("HLO of the compiled program, MB")
+        axes[2][col].set_ylabel("trace + compile, s")
+        axes[2][col].set_xlabel("layers L using the constant")
+        axes[1][col].set_yscale("log")
+        for ax in (axes[0][col], axes[1][col], axes[2][col]):
             ax.set_xscale("log")
             ax.grid(alpha=0.3)
     axes[0][1].set_yscale("log")
