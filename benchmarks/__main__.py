@@ -9,6 +9,7 @@
     python -m benchmarks constants       # per-call cost against the number of constants, with the peers
     python -m benchmarks training        # the pytree choice, and training steps with a large table
     python -m benchmarks startup         # what the entry points add to `import hypothesis` and to pytest
+    python -m benchmarks static-slices   # HLO bytes of a Whisper decoder stand-in slicing its causal mask
     python -m benchmarks compare REV     # the core section's per-call figures: git revision REV's
                                          # frozenconst against the working tree's (not part of "all")
     python -m benchmarks accelerator     # device memory, mutation, first transfer per host-memory
@@ -33,7 +34,19 @@ import pathlib
 import statistics
 from typing import Any
 
-from . import accelerator, compare, constants, core, disk, multihost, seed, seed_real, startup, training
+from . import (
+    accelerator,
+    compare,
+    constants,
+    core,
+    disk,
+    multihost,
+    seed,
+    seed_real,
+    startup,
+    static_slices,
+    training,
+)
 
 # Generated output (tables, JSON, plots), apart from the hand-written pages.
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
@@ -55,10 +68,7 @@ def plot(rows: list[dict[str, Any]], mib: float, path: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    # Device memory, HLO bytes and compile time: a constant embedded in the
-    # program holds no device buffer (0 MiB, the best-looking line of the
-    # default pipeline's memory panel), and the HLO panel shows where it went.
-    fig, axes = plt.subplots(3, 2, figsize=(11, 10.5), sharex=True)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True)
     for col, pipeline in enumerate(seed.PIPELINES):
         for variant in seed.VARIANTS:
             sel = sorted(
@@ -73,15 +83,12 @@ def plot(rows: list[dict[str, Any]], mib: float, path: pathlib.Path) -> None:
                 continue
             ls = [r["layers"] for r in sel]
             axes[0][col].plot(ls, [r["device_bytes"] / 2**20 for r in sel], marker="o", label=variant)
-            axes[1][col].plot(ls, [r["hlo_bytes"] / 1e6 for r in sel], marker="o", label=variant)
-            axes[2][col].plot(ls, [r["compile_s"] for r in sel], marker="o", label=variant)
+            axes[1][col].plot(ls, [r["compile_s"] for r in sel], marker="o", label=variant)
         axes[0][col].set_title(f"{pipeline} constant pipeline, {mib:g} MiB constant")
-        axes[0][col].set_ylabel("device MiB holding the constant\n(0: embedded in the program)")
-        axes[1][col].set_ylabel("HLO of the compiled program, MB")
-        axes[2][col].set_ylabel("trace + compile, s")
-        axes[2][col].set_xlabel("layers L using the constant")
-        axes[1][col].set_yscale("log")
-        for ax in (axes[0][col], axes[1][col], axes[2][col]):
+        axes[0][col].set_ylabel("device MiB holding the constant")
+        axes[1][col].set_ylabel("trace + compile, s")
+        axes[1][col].set_xlabel("layers L using the constant")
+        for ax in (axes[0][col], axes[1][col]):
             ax.set_xscale("log")
             ax.grid(alpha=0.3)
     axes[0][1].set_yscale("log")
@@ -180,6 +187,7 @@ def main() -> None:
             "disk",
             "multihost",
             "startup",
+            "static-slices",
             "compare",
             "accelerator",
         ],
@@ -228,6 +236,8 @@ def main() -> None:
         multihost.main(args.quick, docs)
     if args.section in ("all", "startup"):
         startup.main(args.quick, docs)
+    if args.section in ("all", "static-slices"):  # HLO bytes only: the same with --quick
+        static_slices.main(docs)
     if args.section == "compare":  # not in "all": a check for a change, against a revision
         compare.main(args.rev, args.quick, docs, args.pairs)
     if args.section == "accelerator":  # not in "all": its files are the accelerator's (`make gpu`)

@@ -7,11 +7,14 @@ large table") says which way to write it; `frozenconst.audit` names it. Measured
 by HLO size against the NumPy original.
 """
 
+import json
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import SIMPLIFIED
+from helpers import ROOT, SIMPLIFIED, run_bounded, subprocess_env
 
 import frozenconst
 from frozenconst import FrozenConst
@@ -83,3 +86,20 @@ def test_a_constant_read_whole_somewhere_is_not_called_sliced():
     (captured,) = [c for c in report.constants if c.kind == "frozenconst"]
     assert captured.sliced_bytes is None
     assert not any("static slice" in line for line in report.lines())
+
+
+@pytest.mark.subprocess
+def test_the_whisper_stand_in_behind_the_docs_figures_shows_what_they_say():
+    # docs/jit.md quotes `python -m benchmarks static-slices` (a Whisper decoder with
+    # Whisper tiny's shapes): its worker, run as the benchmark runs it.
+    code, out = run_bounded(
+        [sys.executable, "-m", "benchmarks.static_slices", "--worker", "default"],
+        env=subprocess_env(),
+        cwd=ROOT,
+    )
+    assert code == 0, out
+    hlo = {r["variant"]: r["hlo_bytes"] for r in json.loads(out.strip().splitlines()[-1])["rows"]}
+    whole_mask = N_CTX * N_CTX * 2  # the boolean mask, two hex digits a byte in HLO text
+    assert hlo["FrozenConst"] == hlo["jax.Array"] >= hlo["frozenconst.jit"] + whole_mask
+    assert hlo["frozenconst.jit"] < hlo["numpy"] < hlo["FrozenConst"] / 4
+    assert hlo["host slice"] == pytest.approx(hlo["numpy"], rel=0.01)
