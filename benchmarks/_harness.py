@@ -32,7 +32,13 @@ def cpu_model() -> str:
 
 def source_revision(module_file: str) -> str:
     """The git commit a module was imported from, `-dirty` when its checkout has uncommitted
-    changes to the code measured (`frozenconst/`, `benchmarks/`); else why there is none."""
+    changes to the code measured (`frozenconst/`, `benchmarks/`); else why there is none.
+
+    A copy without `.git` (the accelerator's, `tools/gpu-run`) is told its commit
+    in `FROZENCONST_COMMIT`.
+    """
+    if os.environ.get("FROZENCONST_COMMIT"):
+        return os.environ["FROZENCONST_COMMIT"]
     where = pathlib.Path(module_file).resolve().parent
 
     def git(*args: str) -> str:
