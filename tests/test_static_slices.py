@@ -8,6 +8,8 @@ by HLO size against the NumPy original.
 """
 
 import json
+import re
+import subprocess
 import sys
 
 import jax
@@ -98,8 +100,19 @@ def test_the_whisper_stand_in_behind_the_docs_figures_shows_what_they_say():
         cwd=ROOT,
     )
     assert code == 0, out
-    hlo = {r["variant"]: r["hlo_bytes"] for r in json.loads(out.strip().splitlines()[-1])["rows"]}
+    result = json.loads(out.strip().splitlines()[-1])
+    hlo = {r["variant"]: r["hlo_bytes"] for r in result["rows"]}
     whole_mask = N_CTX * N_CTX * 2  # the boolean mask, two hex digits a byte in HLO text
     assert hlo["FrozenConst"] == hlo["jax.Array"] >= hlo["frozenconst.jit"] + whole_mask
     assert hlo["frozenconst.jit"] < hlo["numpy"] < hlo["FrozenConst"] / 4
     assert hlo["host slice"] == pytest.approx(hlo["numpy"], rel=0.01)
+    # The stamp every results file carries (`benchmarks._harness.environment`).
+    stamp = result["environment"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", stamp["date"]), stamp
+    assert stamp["jax"] == jax.__version__ and stamp["numpy"] == np.__version__ and stamp["cpu"]
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    if head.returncode == 0:
+        commit = stamp["frozenconst"].split(" at ")[1]
+        assert commit.removesuffix("-dirty") == head.stdout.strip(), stamp
