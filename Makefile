@@ -6,6 +6,9 @@
 #                 each under both JAX constant pipelines, plus ruff, mypy --strict and the docs;
 #                 and the suite alone at the supported floor (jax 0.6.2, one pipeline) and at a
 #                 release in between (jax 0.9.2, both pipelines), both with Python 3.11.
+#                 The checks and suite passes run TEST_JOBS at a time (default 2: this project's
+#                 CI machine has 2 cores), each pass's output printed whole when it ends.
+#   make test-fast - the edit-test loop: Python 3.11, default pipeline, without tests marked slow.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 
@@ -29,8 +32,20 @@ VENVMIDDLE := .venv-jax$(subst .,,$(JAX_MIDDLE))
 PLUGINS := _frozenconst_pytestplugin.py _frozenconst_hypothesis.py
 PIP_FLAGS := --quiet --disable-pip-version-check
 PYTEST_FLAGS ?= -q -p no:cacheprovider
+TEST_JOBS ?= 2
+# JAX reads its constant pipeline from this variable at import: unset is the
+# default pipeline, 1 the simplified one.
+DEFAULT_PIPELINE := env -u JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS
+SIMPLIFIED_PIPELINE := env JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1
+# Tests marked pipeline_independent (static checks, subprocesses that choose the
+# pipeline themselves) give the same result under both: run in each
+# environment's default-pipeline pass only.
+SIMPLIFIED_ONLY_FLAGS := -m "not pipeline_independent"
 
-.PHONY: demo test test-fast lint typecheck docs doctest package pytest-311 pytest-312 pytest-floor pytest-middle bench bench-compare gpu gpu-bundle gpu-results clean
+.PHONY: demo test test-fast checks lint typecheck docs doctest doctest-default doctest-simplified package \
+  pytest-311 pytest-311-default pytest-311-simplified pytest-312 pytest-312-default pytest-312-simplified \
+  pytest-floor pytest-middle pytest-middle-default pytest-middle-simplified bench bench-compare \
+  gpu gpu-bundle gpu-results clean
 
 $(VENV311)/.installed: pyproject.toml
 	@test -n "$(PYTHON311)" || { echo "error: no Python 3.11 found; set PYTHON311=/path/to/python3.11" >&2; exit 1; }
@@ -72,45 +87,58 @@ lint: $(VENV311)/.installed
 	$(VENV311)/bin/ruff format --check frozenconst $(PLUGINS) tests benchmarks examples
 
 # The package: mypy --strict and pyright strict (pyproject.toml); benchmarks/:
-# mypy --strict (the same configuration). The library author's sample in
-# tests/typing: mypy --strict and pyright standard, no ignores.
+# mypy --strict (the same configuration). The library author's sample and the
+# misuse sample in tests/typing (mypy --strict and pyright standard, no
+# ignores) are checked by tests/test_typing.py, in the 3.11 suite.
 typecheck: $(VENV311)/.installed
 	$(VENV311)/bin/mypy frozenconst $(PLUGINS)
 	$(VENV311)/bin/mypy benchmarks
-	$(VENV311)/bin/mypy --strict tests/typing/library_sample.py
 	$(VENV311)/bin/pyright --pythonpath $(VENV311)/bin/python
-	$(VENV311)/bin/pyright --pythonpath $(VENV311)/bin/python -p tests/typing/pyrightconfig.json tests/typing/library_sample.py
 
 docs: $(VENV311)/.installed
 	@# Not --quiet: it hides the warnings that --strict turns into a failure.
 	NO_MKDOCS_2_WARNING=1 $(VENV311)/bin/mkdocs build --strict --site-dir .site
 
-doctest: $(VENV311)/.installed
-	env -u JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS $(VENV311)/bin/python -m pytest $(PYTEST_FLAGS) --doctest-modules frozenconst --doctest-glob='*.md' docs README.md
+# The docstrings' and the docs' examples (README.md's quick start included),
+# under each constant pipeline.
+DOCTEST_ARGS := --doctest-modules frozenconst --doctest-glob='*.md' docs README.md
+doctest: doctest-default doctest-simplified
+doctest-default: $(VENV311)/.installed
+	$(DEFAULT_PIPELINE) $(VENV311)/bin/python -m pytest $(PYTEST_FLAGS) $(DOCTEST_ARGS)
+doctest-simplified: $(VENV311)/.installed
+	$(SIMPLIFIED_PIPELINE) $(VENV311)/bin/python -m pytest $(PYTEST_FLAGS) $(DOCTEST_ARGS)
 
 # Each environment runs the suite twice: with JAX's default constant pipeline
-# (variable unset) and with the simplified one.
-pytest-311: $(VENV311)/.installed
-	env -u JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS $(VENV311)/bin/python -m pytest $(PYTEST_FLAGS)
-	JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1 $(VENV311)/bin/python -m pytest $(PYTEST_FLAGS)
+# (variable unset) and with the simplified one, each pass a target of its own
+# so that `make -j` runs them side by side.
+pytest-311: pytest-311-default pytest-311-simplified
+pytest-311-default: $(VENV311)/.installed
+	$(DEFAULT_PIPELINE) $(VENV311)/bin/python -m pytest $(PYTEST_FLAGS)
+pytest-311-simplified: $(VENV311)/.installed
+	$(SIMPLIFIED_PIPELINE) $(VENV311)/bin/python -m pytest $(PYTEST_FLAGS) $(SIMPLIFIED_ONLY_FLAGS)
 
-pytest-312:
-	@if [ -z "$(PYTHON312)" ] && [ ! -x $(VENV312)/bin/python ]; then \
-	  if [ "$${CI:-}" = "true" ]; then echo "error: no Python 3.12 found under CI; set PYTHON312=/path/to/python3.12" >&2; exit 1; fi; \
-	  echo "warning: no Python 3.12 found; skipping the Python 3.12 + newest JAX run (set PYTHON312=...)" >&2; \
-	else \
-	  $(MAKE) --no-print-directory $(VENV312)/.installed; \
-	  env -u JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS $(VENV312)/bin/python -m pytest $(PYTEST_FLAGS); \
-	  JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1 $(VENV312)/bin/python -m pytest $(PYTEST_FLAGS); \
-	fi
+# Without a Python 3.12 the 3.12 passes are skipped with a warning (an error under CI).
+ifneq ($(PYTHON312)$(wildcard $(VENV312)/bin/python),)
+pytest-312: pytest-312-default pytest-312-simplified
+pytest-312-default: $(VENV312)/.installed
+	$(DEFAULT_PIPELINE) $(VENV312)/bin/python -m pytest $(PYTEST_FLAGS)
+pytest-312-simplified: $(VENV312)/.installed
+	$(SIMPLIFIED_PIPELINE) $(VENV312)/bin/python -m pytest $(PYTEST_FLAGS) $(SIMPLIFIED_ONLY_FLAGS)
+else
+pytest-312 pytest-312-default pytest-312-simplified:
+	@if [ "$${CI:-}" = "true" ]; then echo "error: no Python 3.12 found under CI; set PYTHON312=/path/to/python3.12" >&2; exit 1; fi
+	@echo "warning: no Python 3.12 found; skipping $@, the Python 3.12 + newest JAX run (set PYTHON312=...)" >&2
+endif
 
 # jax 0.6.2 has one constant pipeline (JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS arrived in 0.7).
 pytest-floor: $(VENVFLOOR)/.installed
-	env -u JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS $(VENVFLOOR)/bin/python -m pytest $(PYTEST_FLAGS)
+	$(DEFAULT_PIPELINE) $(VENVFLOOR)/bin/python -m pytest $(PYTEST_FLAGS)
 
-pytest-middle: $(VENVMIDDLE)/.installed
-	env -u JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS $(VENVMIDDLE)/bin/python -m pytest $(PYTEST_FLAGS)
-	JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1 $(VENVMIDDLE)/bin/python -m pytest $(PYTEST_FLAGS)
+pytest-middle: pytest-middle-default pytest-middle-simplified
+pytest-middle-default: $(VENVMIDDLE)/.installed
+	$(DEFAULT_PIPELINE) $(VENVMIDDLE)/bin/python -m pytest $(PYTEST_FLAGS)
+pytest-middle-simplified: $(VENVMIDDLE)/.installed
+	$(SIMPLIFIED_PIPELINE) $(VENVMIDDLE)/bin/python -m pytest $(PYTEST_FLAGS) $(SIMPLIFIED_ONLY_FLAGS)
 
 # The package as users get it: wheel and sdist built in isolation, their
 # metadata checked, the wheel installed (not editable) in a clean environment,
@@ -124,10 +152,21 @@ package: $(VENV311)/.installed
 	cd .dist && FROZENCONST_WHEEL_TEST=1 ../.venv-wheel/bin/python -m pytest $(PYTEST_FLAGS) \
 	  ../tests/test_installed.py ../tests/test_plugins.py ../tests/test_cache.py ../tests/test_host.py ../tests/test_jit.py
 
-test: lint typecheck docs doctest package pytest-311 pytest-312 pytest-floor pytest-middle
+# Everything CI runs, TEST_JOBS at a time. The longest passes come first, so
+# the short checks fill the gaps; `--output-sync=target` prints each one's
+# output whole when it ends, and the first failure fails `make test` (once the
+# jobs already running have ended).
+CHECKS := pytest-311-default pytest-312-default pytest-311-simplified pytest-312-simplified \
+  pytest-middle-default pytest-middle-simplified pytest-floor \
+  typecheck doctest-default doctest-simplified package docs lint
+test:
+	$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target checks
+checks: $(CHECKS)
 
-# The 3.11 suite under both pipelines only: quick feedback while developing.
-test-fast: pytest-311
+# The edit-test loop: Python 3.11, the default pipeline, without the tests
+# marked slow (CONTRIBUTING.md says which); `make test` runs everything.
+test-fast: $(VENV311)/.installed
+	$(DEFAULT_PIPELINE) $(VENV311)/bin/python -m pytest $(PYTEST_FLAGS) -m "not slow"
 
 bench: $(VENV311)/.installed
 	$(VENV311)/bin/python -m benchmarks

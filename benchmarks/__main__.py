@@ -9,6 +9,7 @@
     python -m benchmarks constants       # per-call cost against the number of constants, with the peers
     python -m benchmarks training        # the pytree choice, and training steps with a large table
     python -m benchmarks startup         # what the entry points add to `import hypothesis` and to pytest
+    python -m benchmarks static-slices   # HLO bytes of a Whisper decoder stand-in slicing its causal mask
     python -m benchmarks compare REV     # the core section's per-call figures: git revision REV's
                                          # frozenconst against the working tree's (not part of "all")
     python -m benchmarks accelerator     # device memory, mutation, first transfer per host-memory
@@ -31,9 +32,23 @@ import argparse
 import json
 import pathlib
 import statistics
+import time
+from collections.abc import Callable
 from typing import Any
 
-from . import accelerator, compare, constants, core, disk, multihost, seed, seed_real, startup, training
+from . import (
+    accelerator,
+    compare,
+    constants,
+    core,
+    disk,
+    multihost,
+    seed,
+    seed_real,
+    startup,
+    static_slices,
+    training,
+)
 
 # Generated output (tables, JSON, plots), apart from the hand-written pages.
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
@@ -174,6 +189,7 @@ def main() -> None:
             "disk",
             "multihost",
             "startup",
+            "static-slices",
             "compare",
             "accelerator",
         ],
@@ -205,27 +221,34 @@ def main() -> None:
     if args.small and args.section != "accelerator":
         parser.error("--small goes with the accelerator section; the others take --quick")
     docs = args.out
-    if args.section in ("all", "seed"):
-        run_seed(args.quick, args.repeats, docs)
-    if args.section in ("all", "seed-real"):
-        limit = int(args.rss_limit_gib * 2**30) if args.rss_limit_gib else None
-        seed_real.main(args.quick, docs, limit)
-    if args.section in ("all", "core"):
-        core.main(args.quick, docs)
-    if args.section in ("all", "constants"):
-        constants.main(args.quick, docs)
-    if args.section in ("all", "training"):
-        training.main(args.quick, docs)
-    if args.section in ("all", "disk"):  # writes up to 1 GiB to a temporary directory
-        disk.main([64] if args.quick else [256, 1024], docs)
-    if args.section in ("all", "multihost"):
-        multihost.main(args.quick, docs)
-    if args.section in ("all", "startup"):
-        startup.main(args.quick, docs)
-    if args.section == "compare":  # not in "all": a check for a change, against a revision
-        compare.main(args.rev, args.quick, docs, args.pairs)
-    if args.section == "accelerator":  # not in "all": its files are the accelerator's (`make gpu`)
-        accelerator.main(args.small or args.quick, docs)
+    limit = int(args.rss_limit_gib * 2**30) if args.rss_limit_gib else None
+    sections: dict[str, Callable[[], object]] = {
+        "seed": lambda: run_seed(args.quick, args.repeats, docs),
+        "seed-real": lambda: seed_real.main(args.quick, docs, limit),
+        "core": lambda: core.main(args.quick, docs),
+        "constants": lambda: constants.main(args.quick, docs),
+        "training": lambda: training.main(args.quick, docs),
+        "disk": lambda: disk.main([64] if args.quick else [256, 1024], docs),  # up to 1 GiB in a temp dir
+        "multihost": lambda: multihost.main(args.quick, docs),
+        "startup": lambda: startup.main(args.quick, docs),
+        "static-slices": lambda: static_slices.main(docs),  # HLO bytes only: the same with --quick
+        # Not in "all": a check for a change, against a revision; and the
+        # accelerator's section, whose files are the accelerator's (`make gpu`).
+        "compare": lambda: compare.main(args.rev, args.quick, docs, args.pairs),
+        "accelerator": lambda: accelerator.main(args.small or args.quick, docs),
+    }
+    took = {}
+    for name, run in sections.items():
+        if args.section == name or (args.section == "all" and name not in ("compare", "accelerator")):
+            start = time.monotonic()
+            run()
+            took[name] = time.monotonic() - start
+    # How long each section took on this machine: the figure to quote, measured.
+    print(
+        "\nwall time: "
+        + ", ".join(f"{name} {s:.0f} s" for name, s in took.items())
+        + f"; {sum(took.values()):.0f} s in all"
+    )
 
 
 if __name__ == "__main__":

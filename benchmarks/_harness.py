@@ -1,17 +1,86 @@
-"""Timing helpers: interleaved A/B ratios, NumPy arrays placed off the 64-byte grid, and
-measurements run in fresh interpreters."""
+"""Timing helpers: interleaved A/B ratios, NumPy arrays placed off the 64-byte grid,
+measurements run in fresh interpreters, and the stamp every results file carries."""
 
 from __future__ import annotations
 
+import datetime
 import gc
 import json
 import os
+import pathlib
+import platform
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+
+def cpu_model() -> str:
+    """The processor's model name, as `/proc/cpuinfo` gives it (elsewhere `platform.processor()`)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Processor", "cpu model"):
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def source_revision(module_file: str) -> str:
+    """The git commit a module was imported from, `-dirty` when its checkout has uncommitted
+    changes to the code measured (`frozenconst/`, `benchmarks/`); else why there is none.
+
+    A copy without `.git` (the accelerator's, `tools/gpu-run`) is told its commit
+    in `FROZENCONST_COMMIT`.
+    """
+    if os.environ.get("FROZENCONST_COMMIT"):
+        return os.environ["FROZENCONST_COMMIT"]
+    where = pathlib.Path(module_file).resolve().parent
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise OSError(out.stderr.strip())
+        return out.stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        root = git("rev-parse", "--show-toplevel")
+        changed = git("status", "--porcelain", "--", f"{root}/frozenconst", f"{root}/benchmarks")
+    except (OSError, subprocess.SubprocessError):
+        return "not a git checkout (an installed package)"
+    return commit + ("-dirty" if changed else "")
+
+
+def environment() -> dict[str, str]:
+    """Where and when a measurement ran: the stamp at the top of every file in docs/results/.
+
+    Date (UTC), processor, machine, memory, the frozenconst commit measured
+    (`source_revision`) and the versions of everything that decides the figures.
+    """
+    import importlib.metadata
+
+    import jax
+    import numpy as np
+
+    import frozenconst
+
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": f"{cpu_model()}, {os.cpu_count()} cores",
+        "machine": f"{platform.machine()}, {platform.system()} {platform.release()}",
+        "memory": f"{os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB",
+        "frozenconst": f"{frozenconst.__version__} at {source_revision(str(frozenconst.__file__))}",
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": importlib.metadata.version("jaxlib"),
+        "numpy": np.__version__,
+        "backend": jax.default_backend(),
+    }
 
 
 def pipeline_env(flag: str | None, env: dict[str, str] | None = None) -> dict[str, str]:

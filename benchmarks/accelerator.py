@@ -48,6 +48,7 @@ import numpy as np
 
 from . import seed, seed_real
 from ._harness import copy_at, pipeline_env, run_worker
+from ._harness import environment as _stamp
 
 MIB = 1 << 20
 _T = TypeVar("_T")
@@ -138,7 +139,7 @@ def environment() -> dict[str, str]:
 
     import jax
 
-    env = seed.environment()
+    env = _stamp()  # date, CPU, memory, commit, versions: every results file's stamp
     device = jax.devices()[0]
     env["device"] = f"{device.device_kind} ({device.platform}), {jax.device_count()} device(s)"
     env["runtime"] = str(getattr(getattr(device, "client", None), "platform_version", "not exposed"))

@@ -74,7 +74,7 @@ def _worker(tree: str, rounds: int) -> None:
     import frozenconst
 
     from . import core
-    from .seed import environment
+    from ._harness import environment
 
     # Fail loudly when PYTHONPATH did not choose the intended trees.
     for module, where in ((frozenconst, pathlib.Path(tree)), (benchmarks, ROOT)):

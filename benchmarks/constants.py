@@ -255,7 +255,7 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], command: str) -> s
 
 def main(quick: bool, docs: Any) -> list[dict[str, Any]]:
     """Measure, then write the table, the plot and the JSON into `docs`."""
-    from .seed import environment
+    from ._harness import environment
 
     rows = run(quick)
     env = environment()

@@ -627,7 +627,7 @@ def markdown(results: dict[str, Any], env: dict[str, str], command: str) -> str:
 
 
 def main(quick: bool, docs: pathlib.Path) -> dict[str, Any]:
-    from .seed import environment
+    from ._harness import environment
 
     results = run(quick)
     env = environment()

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ._harness import run_worker
+from ._harness import environment, run_worker
 
 MIB = 1 << 20
 MODES = ("np.load", "np.load + FrozenConst", "mmap + FrozenConst")
@@ -103,21 +103,6 @@ def _worker(mode: str, path: str) -> dict[str, Any]:
         "mapped_file_after_build": built["RssFile"] - before["RssFile"],
         "kept_after_build": kept["VmRSS"] - before["VmRSS"],
         "use_peak_growth": used["VmHWM"] - base,
-    }
-
-
-def environment() -> dict[str, str]:
-    import platform
-
-    import jax
-
-    return {
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "numpy": np.__version__,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
-        "memory": f"{os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB",
-        "backend": jax.default_backend(),
     }
 
 

@@ -185,7 +185,7 @@ def markdown(results: list[dict[str, Any]], env: dict[str, str], command: str) -
 
 
 def main(quick: bool, docs: pathlib.Path) -> list[dict[str, Any]]:
-    from .seed import environment
+    from ._harness import environment
 
     results = run(quick)
     env = environment()

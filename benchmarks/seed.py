@@ -18,15 +18,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ._harness import copy_at, pipeline_env, run_worker
+from ._harness import copy_at, environment, pipeline_env, run_worker
 
 VARIANTS = {
     "numpy-closure": "raw NumPy array, closed over, jax.jit",
@@ -199,19 +197,6 @@ def measure(
         # The default device's own counters, None where JAX keeps none (the CPU backend).
         "device_bytes_in_use": None if memory is None else memory.get("bytes_in_use"),
         "device_peak_bytes": None if memory is None else memory.get("peak_bytes_in_use"),
-    }
-
-
-def environment() -> dict[str, str]:
-    import jax
-    import numpy as np
-
-    return {
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "numpy": np.__version__,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
-        "backend": jax.default_backend(),
     }
 
 

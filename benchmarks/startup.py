@@ -106,7 +106,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(quick: bool, docs: pathlib.Path) -> None:
-    from .seed import environment
+    from ._harness import environment
 
     rounds = 5 if quick else 15
     rows = measure(rounds)

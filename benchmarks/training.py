@@ -349,7 +349,7 @@ def summary(results: dict[str, Any]) -> str:
 
 
 def main(quick: bool, docs: pathlib.Path) -> None:
-    from .seed import environment
+    from ._harness import environment
 
     results = {}
     for pipeline, flag in (("default", None), ("simplified", "1")):

@@ -217,7 +217,7 @@ class Store:
         self._lock = threading.Lock()
         self._fingerprint: str | None = None
         # Accounting (`frozenconst.stats()`): uses served from the cache, and
-        # host-to-device transfers made (one per shard).
+        # host-to-device transfers made (one per device buffer filled from the host).
         self.hits = 0
         self.transfers = 0
         LIVE.add(self)
@@ -399,11 +399,15 @@ class Store:
         # Each process builds only its addressable shards, each straight from
         # the frozen host buffer: never a full copy on one device first.
         def shard(index: Any) -> np.ndarray[Any, Any]:
-            self.transfers += 1  # called under the lock, once per addressable shard
             part: np.ndarray[Any, Any] = host[index]
             return part.astype(dtype) if convert else part
 
-        return jax.make_array_from_callback(host.shape, sharding, shard)
+        made: jax.Array = jax.make_array_from_callback(host.shape, sharding, shard)
+        # One transfer per device buffer filled from the host, as the words say
+        # ("one per shard"): JAX reads a fully replicated sharding's data once
+        # and puts it on every device, so the callback's calls undercount.
+        self.transfers += len(made.addressable_shards)
+        return made
 
     # -- eviction and what is cached ---------------------------------------------
 

@@ -21,7 +21,9 @@ class ConstStats:
         host_bytes: bytes of the frozen host buffer (of a constant bigger than one
             host: of the slices this process holds).
         device_bytes: bytes of cached device buffers, per device.
-        transfers: host-to-device transfers made so far (one per shard).
+        transfers: host-to-device transfers made so far: one per device buffer
+            filled from the host data (a placement on N devices counts N,
+            replicated or sharded).
         hits: requests for a device buffer served from the cache. JAX may ask
             more than once per operation (`jnp.asarray` asks twice on jax 0.10).
         placements: how many placements are cached.

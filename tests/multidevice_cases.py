@@ -247,3 +247,24 @@ def test_dlpack_of_a_constant_on_several_devices_refuses_as_jax_does_unless_aske
     view = np.from_dlpack(x, device="cpu")  # the whole host data, read-only, no copy
     np.testing.assert_array_equal(view, data)
     assert np.shares_memory(view, np.asarray(x)) and not view.flags.writeable
+
+
+@pytest.mark.parametrize(
+    "mesh_shape, spec",
+    [((4,), P()), ((4,), P("x")), ((2, 2), P("x")), ((2, 2), P("x", "y"))],
+    ids=["replicated", "sharded", "partly-replicated", "sharded-2d"],
+)
+def test_transfers_count_one_per_device_buffer_made_from_the_host(mesh_shape, spec):
+    # "one per shard" (`ConstStats.transfers`): each addressable shard JAX holds
+    # is a buffer of its own on its device, filled from the host data, whether
+    # JAX read the data once for all (a replicated sharding) or once per shard.
+    data = _data(seed=7)
+    x = FrozenConst(data)
+    mesh = jax.make_mesh(mesh_shape, ("x", "y")[: len(mesh_shape)])
+    arr = x.on(NamedSharding(mesh, spec))
+    shards = arr.addressable_shards
+    assert len({(s.device, s.data.unsafe_buffer_pointer()) for s in shards}) == len(shards) == 4
+    assert x.stats().transfers == len(shards)
+    assert frozenconst.stats().transfers >= len(shards)
+    x.on(NamedSharding(mesh, spec))  # a cache hit: no transfer
+    assert x.stats().transfers == len(shards)

@@ -13,7 +13,7 @@ import jax
 import pytest
 from helpers import ROOT, SIMPLIFIED, on_cpu, run_bounded, subprocess_env
 
-pytestmark = pytest.mark.subprocess
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]  # the whole section, small: left out of test-fast
 
 
 @pytest.fixture(scope="module")

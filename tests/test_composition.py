@@ -20,7 +20,11 @@ from frozenconst import FrozenConst
 HERE = pathlib.Path(__file__).resolve().parent
 
 
+# Each case runs under the pipeline its parameter sets for the child, whatever
+# this process runs under: make test runs it in the default-pipeline pass only.
 @pytest.mark.subprocess
+@pytest.mark.slow
+@pytest.mark.pipeline_independent
 @pytest.mark.parametrize("pipeline", ["default", "simplified"])
 def test_the_composition_cases_on_two_devices(pipeline):
     if pipeline == "simplified" and not hasattr(jax.config, "jax_use_simplified_jaxpr_constants"):

@@ -10,7 +10,10 @@ from helpers import ROOT, run_bounded, subprocess_env
 MIB = 1 << 20
 
 
+# Nothing is traced (a build and one `jnp.asarray`), so the constant pipeline
+# plays no part: make test runs it in the default-pipeline pass only.
 @pytest.mark.subprocess
+@pytest.mark.pipeline_independent
 def test_building_from_a_memory_map_peaks_at_one_copy(tmp_path):
     path = tmp_path / "const.npy"
     np.save(path, np.random.default_rng(0).standard_normal(16 * MIB).astype(np.float32))  # 64 MiB

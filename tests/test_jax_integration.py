@@ -376,6 +376,7 @@ def _sweep(module):
     return tested, mismatched
 
 
+@pytest.mark.slow  # a compile per function: a third of the suite's time
 @pytest.mark.parametrize("module", [jnp, jnp.linalg, jnp.fft], ids=["jnp", "linalg", "fft"])
 def test_every_numpy_function_accepts_a_frozenconst(module):
     tested, mismatched = _sweep(module)
@@ -405,6 +406,7 @@ _BYPASS_MODULES = [*_public_modules(jax.nn), *_public_modules(jax.scipy)]
 _LISTED = {**BYPASS_JAX_NUMPY, **TAKE_PYTREES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", _BYPASS_MODULES, ids=lambda m: m.__name__)
 def test_every_nn_and_scipy_function_accepts_a_frozenconst_or_is_listed(module):
     tested, mismatched = _sweep(module)

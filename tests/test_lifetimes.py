@@ -282,6 +282,7 @@ _GROWTH = textwrap.dedent(
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_functions_made_and_dropped_leave_memory_flat_as_jax_jit():
     proc = subprocess.run(
         [sys.executable, "-c", _GROWTH, "400"],
@@ -317,6 +318,7 @@ _OLD_INNER_JIT = pytest.mark.xfail(
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["scan", pytest.param("jit", marks=_OLD_INNER_JIT)])
 def test_functions_using_a_constant_in_a_nested_trace_grow_memory_as_jax_jit(form):
     # Issue #19: each such function is traced in a trace context of its own, and

@@ -13,7 +13,9 @@ import sys
 import pytest
 from helpers import ROOT, on_cpu, run_bounded, subprocess_env
 
-pytestmark = pytest.mark.subprocess  # each variant runs in a fresh interpreter
+# Each variant runs in a fresh interpreter, with the pipeline the runner sets for
+# it (`--pipeline default`), whatever this process runs under.
+pytestmark = [pytest.mark.subprocess, pytest.mark.pipeline_independent, pytest.mark.slow]
 
 
 def _rss_counter_slack():

@@ -13,7 +13,10 @@ import jax
 import pytest
 from helpers import ROOT, run_bounded, subprocess_env
 
-pytestmark = pytest.mark.subprocess  # the measurements run in fresh interpreters
+# The measurements run in fresh interpreters, each with the constant pipeline the
+# benchmark sets for it (`_harness.pipeline_env`), whatever this process runs
+# under: the same in both of make test's passes, so run in the default one only.
+pytestmark = [pytest.mark.subprocess, pytest.mark.pipeline_independent, pytest.mark.slow]
 
 LAYERS = 12
 # The benchmark's pipelines (`benchmarks.seed.PIPELINES`), restated: pytest needs

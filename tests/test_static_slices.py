@@ -7,11 +7,16 @@ large table") says which way to write it; `frozenconst.audit` names it. Measured
 by HLO size against the NumPy original.
 """
 
+import json
+import re
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import SIMPLIFIED
+from helpers import ROOT, SIMPLIFIED, run_bounded, subprocess_env
 
 import frozenconst
 from frozenconst import FrozenConst
@@ -83,3 +88,33 @@ def test_a_constant_read_whole_somewhere_is_not_called_sliced():
     (captured,) = [c for c in report.constants if c.kind == "frozenconst"]
     assert captured.sliced_bytes is None
     assert not any("static slice" in line for line in report.lines())
+
+
+@pytest.mark.subprocess
+def test_the_whisper_stand_in_behind_the_docs_figures_shows_what_they_say():
+    # docs/jit.md quotes `python -m benchmarks static-slices` (a Whisper decoder with
+    # Whisper tiny's shapes): its worker, run as the benchmark runs it.
+    code, out = run_bounded(
+        [sys.executable, "-m", "benchmarks.static_slices", "--worker", "default"],
+        env=subprocess_env(),
+        cwd=ROOT,
+    )
+    assert code == 0, out
+    result = json.loads(out.strip().splitlines()[-1])
+    hlo = {r["variant"]: r["hlo_bytes"] for r in result["rows"]}
+    # The boolean mask embedded whole: at least a bit per value, as hex digits in HLO
+    # text (jax 0.6.2 packs the bits; 0.10.2 prints a byte per value, 5.2x in all).
+    whole_mask = N_CTX * N_CTX // 8 * 2
+    assert hlo["FrozenConst"] == hlo["jax.Array"] >= hlo["frozenconst.jit"] + whole_mask
+    assert hlo["frozenconst.jit"] < hlo["numpy"]
+    assert hlo["host slice"] == pytest.approx(hlo["numpy"], rel=0.01)
+    # The stamp every results file carries (`benchmarks._harness.environment`).
+    stamp = result["environment"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", stamp["date"]), stamp
+    assert stamp["jax"] == jax.__version__ and stamp["numpy"] == np.__version__ and stamp["cpu"]
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    if head.returncode == 0:
+        commit = stamp["frozenconst"].split(" at ")[1]
+        assert commit.removesuffix("-dirty") == head.stdout.strip(), stamp

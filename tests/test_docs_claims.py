@@ -1,0 +1,108 @@
+"""The figures the docs quote from a benchmark run are that run's (issue #27 §3).
+
+Each test reads a sentence of the README or docs/ and the JSON the benchmark
+wrote beside its table in docs/results/, and checks one against the other, so
+that a new `make bench` whose figures move makes the prose that quotes them
+fail here until it says what is true again.
+"""
+
+import json
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+
+pytestmark = pytest.mark.pipeline_independent  # files, read the same under both pipelines
+
+
+def _text(name):
+    return " ".join((ROOT / name).read_text().split())  # one line: sentences wrap anywhere
+
+
+def _results(name):
+    return json.loads((RESULTS / name).read_text())
+
+
+def test_the_cache_hit_target_count_is_the_latest_runs():
+    hits = _results("performance-results.json")["cache_hits"]
+    met = sum(r["vs_floor"] <= 1.05 for r in hits)
+    words = {1: "one", 2: "two", 3: "three", 4: "four"}
+    assert f"the 1.05x target is met on {words[met]} calls of {words[len(hits)]}" in _text(
+        "docs/performance.md"
+    )
+
+
+def test_the_sha256_speed_is_the_latest_runs():
+    (sha,) = [
+        r["gbs"] for r in _results("performance-results.json")["fingerprint"] if r["what"] == "hashlib.sha256"
+    ]
+    assert f"`hashlib.sha256` with the CPU's SHA instructions, {sha:.1f} GB/s" in _text("docs/memory.md")
+
+
+def test_the_disk_peaks_are_the_latest_runs():
+    rows = _results("disk-results.json")["rows"]
+
+    def peaks(mode):
+        return sorted(round(r["build_peak_growth"] / r["nbytes"], 2) for r in rows if r["mode"] == mode)
+
+    mapped, loaded = peaks("mmap + FrozenConst"), peaks("np.load + FrozenConst")
+    low, high = f"{mapped[0]:.2f}x", f"{mapped[-1]:.2f}x"
+    assert set(loaded) == {2.0}, loaded
+    assert f"grows by {high} the constant's size" in _text("docs/performance.md")
+    assert f"and {low} at 1 GiB" in _text("docs/performance.md")
+    assert f"grows by {low} to {high} the constant" in _text("docs/model.md")
+    for name in ("docs/performance.md", "docs/model.md"):
+        assert "2.0x in both" not in _text(name) and "still shows 2.0x" not in _text(name)
+
+
+def test_the_whisper_figures_are_the_static_slices_runs():
+    rows = {
+        (r["pipeline"], r["variant"]): r["hlo_bytes"] for r in _results("static-slices-results.json")["rows"]
+    }
+    ours, jitted, numpy = (rows[("default", v)] for v in ("frozenconst.jit", "FrozenConst", "numpy"))
+    text = _text("docs/jit.md")
+    assert (
+        f"{ours / 1e3:.1f} KB under `frozenconst.jit`, against {jitted / 1e3:.0f} KB under `jax.jit` "
+        f"({jitted / numpy:.1f}x) and {numpy / 1e3:.1f} KB for the NumPy original" in text
+    )
+
+
+def test_the_readme_alternatives_are_the_sweeps_figures():
+    rows = _results("benchmark-results.json")["rows"]
+    at = {(r["pipeline"], r["variant"]): r for r in rows if (r["layers"], r["mib"]) == (40, 4.0)}
+    base = {p: at[(p, "argument")]["hlo_bytes"] for p in ("default", "simplified")}
+    embedded = at[("default", "numpy-closure")]["hlo_bytes"] / base["default"]
+    passed = at[("simplified", "jnp.array-closure")]["hlo_bytes"] / base["simplified"]
+    text = _text("README.md")
+    assert f"embedded: {embedded:.0f}x the HLO, 0 device buffers" in text
+    assert f"one device copy per use: {at[('simplified', 'numpy-closure')]['live_copies']} copies" in text
+    assert f"1 buffer, {passed:.2f}x the HLO: **the same program and copies as `frozenconst.jit`**" in text
+    ours = at[("simplified", "frozenconst.jit")]
+    assert (ours["hlo_bytes"], ours["live_copies"]) == (
+        at[("simplified", "jnp.array-closure")]["hlo_bytes"],
+        1,
+    )
+    # The sweep, every point: one copy, the as-argument HLO under the default pipeline,
+    # and the quoted range under the simplified one.
+    argument = {
+        (r["pipeline"], r["layers"], r["mib"]): r["hlo_bytes"] for r in rows if r["variant"] == "argument"
+    }
+    mine = [r for r in rows if r["variant"] == "frozenconst.jit"]
+    assert all(r["live_copies"] == 1 for r in mine)
+    ratio = {
+        p: [r["hlo_bytes"] / argument[(p, r["layers"], r["mib"])] for r in mine if r["pipeline"] == p]
+        for p in ("default", "simplified")
+    }
+    assert f"{max(ratio['default']):.2f}" == "1.00"
+    low, high = min(ratio["simplified"]), max(ratio["simplified"])
+    assert f"under the simplified pipeline it is {low:.2f}x to {high:.2f}x the as-argument program" in text
+
+
+def test_no_benchmark_duration_is_quoted_that_no_run_measured():
+    for name in ("README.md", "CONTRIBUTING.md", "docs/performance.md"):
+        text = _text(name)
+        assert not re.search(r"make bench[^.]*about (ten|nine|\w+) minutes", text), name
+        assert "about half an hour" not in text, name

@@ -1,0 +1,90 @@
+"""What `make test` runs: every JAX environment under each constant pipeline it has, nothing lost.
+
+Read from `make -n` (commands printed, none run): the suite passes, the
+doctests, the checks, and `make test-fast`. Whatever the Makefile's structure
+(targets side by side, `TEST_JOBS`), CI's coverage stays what it was.
+"""
+
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DEFAULT = "env -u JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"
+SIMPLIFIED = "env JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1"
+ONCE = '-m "not pipeline_independent"'
+
+pytestmark = pytest.mark.pipeline_independent  # the Makefile is the same under both
+
+
+def _dry_run(*targets):
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    # PYTHON312 set: the 3.12 passes are planned even where no Python 3.12 is found.
+    out = subprocess.run(
+        [make, "-n", "--no-print-directory", "PYTHON312=python3.12", *targets],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    return [line.strip() for line in out.stdout.splitlines()]
+
+
+def _suite_passes(lines):
+    """(environment, pipeline, once) of every pytest run over the suite (not doctests, not the wheel's)."""
+    passes = []
+    for line in lines:
+        if " -m pytest " not in line + " " or "--doctest" in line or "FROZENCONST_WHEEL_TEST" in line:
+            continue
+        env = line.split("/bin/python")[0].split()[-1]
+        pipeline = (
+            "simplified" if line.startswith(SIMPLIFIED) else "default" if line.startswith(DEFAULT) else "?"
+        )
+        passes.append((env, pipeline, ONCE in line))
+    return passes
+
+
+def test_make_test_runs_every_environment_under_each_of_its_pipelines():
+    passes = _suite_passes(_dry_run("test"))
+    assert sorted(passes) == sorted(
+        [
+            (".venv-py311", "default", False),
+            (".venv-py311", "simplified", True),
+            (".venv-py312", "default", False),
+            (".venv-py312", "simplified", True),
+            (".venv-jax092", "default", False),
+            (".venv-jax092", "simplified", True),
+            (".venv-jax062", "default", False),  # jax 0.6.2: one pipeline
+        ]
+    ), passes
+
+
+def test_make_test_runs_the_doctests_under_both_pipelines_and_every_check():
+    lines = _dry_run("test")
+    doctests = [line for line in lines if "--doctest-glob='*.md' docs README.md" in line]
+    assert len(doctests) == 2 and {line.split(" .venv")[0] for line in doctests} == {DEFAULT, SIMPLIFIED}
+    assert all("--doctest-modules frozenconst" in line for line in doctests)
+    for check in ("ruff check", "ruff format --check", "mypy frozenconst", "mypy benchmarks", "pyright"):
+        assert any(check in line for line in lines), check
+    assert any("mkdocs build --strict" in line for line in lines)
+    assert any("twine check --strict" in line for line in lines)
+    assert any("FROZENCONST_WHEEL_TEST=1" in line for line in lines)
+
+
+def test_ci_runs_make_test():
+    assert (ROOT / ".ci" / "run").read_text().strip().endswith("exec make test")
+
+
+def test_make_test_fast_is_the_311_default_pass_without_slow_tests():
+    passes = [line for line in _dry_run("test-fast") if " -m pytest" in line]
+    assert passes == [f'{DEFAULT} .venv-py311/bin/python -m pytest -q -p no:cacheprovider -m "not slow"']
+
+
+def test_markers_that_leave_tests_out_are_declared():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert '"pipeline_independent: ' in text and '"slow: ' in text
