@@ -215,8 +215,10 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
         >>> report.duplicate_bytes == 3 * table.nbytes
         True
     """
+    from ._groups import AUDITING
     from ._jit import JitWrapped
 
+    auditing = AUDITING.set(True)
     try:
         if isinstance(fun, JitWrapped):
             closed = fun.trace(*args, **kwargs).jaxpr
@@ -227,6 +229,8 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
         if refused is None:
             raise
         raise refused from err
+    finally:
+        AUDITING.reset(auditing)
     frozen_ids = {id(a) for store in list(LIVE) for a in store.arrays()}
 
     found: dict[int, dict[str, Any]] = {}

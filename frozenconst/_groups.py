@@ -15,6 +15,7 @@ first tier's own accounting.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import math
@@ -43,6 +44,11 @@ from ._errors import FrozenConstWarning
 from ._frozen import FrozenConst, use_of
 from ._hoisting import Frame, Protocol, tracing
 from ._targets import mesh_of
+
+# Set while `frozenconst.audit` traces a function: the audit reports each large array a trace
+# closes over as a problem of its own, so the warning of `Constants.warn_embedded` would only say
+# it twice (and, under `-W error`, stop the audit that was asked to find it).
+AUDITING: contextvars.ContextVar[bool] = contextvars.ContextVar("frozenconst_auditing", default=False)
 
 
 class Group(FedArrays):
@@ -243,7 +249,7 @@ class Constants(FedArrays):
         """Say, once per function, which large concrete arrays the trace in progress closed over
         without frozenconst keeping them out (a `jax.Array`, a NumPy array): JAX's default
         pipeline embeds each in the program (issue #25). Called at the end of a trace."""
-        if self.warned_embedding or SIMPLIFIED_CONSTANTS:
+        if self.warned_embedding or SIMPLIFIED_CONSTANTS or AUDITING.get():
             return
         large = [
             a
