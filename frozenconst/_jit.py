@@ -183,8 +183,11 @@ class JitWrapped:
         """`step(group, arrays)` with the call's group and its arrays, until no trace meets a new constant."""
         for _ in range(_MAX_ROUNDS):
             group = self._constants.group(args, kwargs)
+            # Outside the `try`, as in `__call__`: inside another frozenconst.jit
+            # trace, feeding can stop that trace, which is the outer call's to handle.
+            consts = group.arrays(args, kwargs)
             try:
-                return step(group, group.arrays(args, kwargs))
+                return step(group, consts)
             except Rediscover:
                 continue
         raise FrozenConstRuntimeError(
