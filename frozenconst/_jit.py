@@ -69,8 +69,9 @@ class JitWrapped:
     as zeros (`_hoisting.resolve`) and notes it; at the end of the trace
     (`_hoisting.Protocol.trace`) `Rediscover` is raised through `jax.jit`, so
     JAX caches no program of that trace (inner functions it traced may stay in
-    JAX's caches, under a trace context never used again: `_hoisting`); the
-    constant joins the group, and the call is made again (`_again`, then `_call`). A constant JAX takes as a
+    JAX's caches, holding that trace: `_hoisting`); met first inside a nested
+    trace, it stops the trace there. The constant joins the group, and the call
+    is made again (`_again`, then `_call`). A constant JAX takes as a
     closed-over buffer (`Constants.captures`) never joins: the trace uses its
     buffer as `jax.jit` would.
 
