@@ -170,10 +170,13 @@ def test_every_way_to_reach_a_constant_in_every_nested_trace_computes_and_keeps_
     x = jnp.linspace(0.5, 1.5, 32 * 64, dtype=jnp.float32).reshape(32, 64)
     ours = frozenconst.jit(fun, embed_max_bytes=0)
     np.testing.assert_allclose(np.asarray(ours(x)), np.asarray(jax.jit(fun)(x)), rtol=2e-5)
-    # Another shape: the function's later traces keep the constant a parameter too.
+    # Another shape: the function's later traces keep the constant out too.
     hlo = len(ours.lower(jnp.ones((32, 64), jnp.float32)).as_text())
-    embedded = len(jax.jit(fun).lower(jnp.ones((32, 64), jnp.float32)).as_text())
-    assert hlo < embedded - table.nbytes, (hlo, embedded)
+    plain = len(jax.jit(fun).lower(jnp.ones((32, 64), jnp.float32)).as_text())
+    if SIMPLIFIED:
+        assert hlo <= 1.1 * plain, (hlo, plain)  # JAX keeps it out for jax.jit too
+    else:
+        assert hlo < plain - table.nbytes, (hlo, plain)  # jax.jit embeds it
 
 
 def _two_tables_in_a_scan_body(tables):
