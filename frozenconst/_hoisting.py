@@ -84,6 +84,7 @@ import numpy as np
 from jax.sharding import Sharding
 
 from ._compat import (
+    Tracer,
     current_trace,
     in_trace,
     renew_shared_trace_context,
@@ -228,9 +229,9 @@ class Protocol:
     ) -> Any:
         """`body()` traced with `known` constants as parameters; `learned(frame)` is told what the
         trace met. Raises `Rediscover` where the trace must be redone."""
-        if getattr(jax.config, "jax_disable_jit", False):
-            # Nothing is traced or compiled: each constant is its own device
-            # buffer, as a closed-over `jax.Array` is under `jax.jit` there.
+        if _nothing_traced():
+            # `jax.disable_jit()`: each constant is its own device buffer, as a
+            # closed-over `jax.Array` is under `jax.jit` there.
             enter(Frame(known, BUFFER, captures, eager=True))
             try:
                 return body()
@@ -292,6 +293,14 @@ class Protocol:
                 self.inner = PARAMETER  # no nested use this time: no evidence either way
             self.refusal = ""
         return out
+
+
+def _nothing_traced() -> bool:
+    """Whether the function runs as it is, on concrete values: under `jax.disable_jit()`, except
+    where JAX traces it anyway (`.lower()`, or inside `jax.make_jaxpr`)."""
+    if not getattr(jax.config, "jax_disable_jit", False):
+        return False
+    return not isinstance(jax.lax.full((), 0, np.int8), Tracer)
 
 
 def _first_line(err: Exception) -> str:

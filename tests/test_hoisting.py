@@ -407,6 +407,19 @@ def test_under_disable_jit_a_constant_met_late_is_its_own_values_from_the_first_
     assert ours == theirs == [1.0]
 
 
+def test_under_disable_jit_lowering_still_keeps_the_constant_out():
+    # `.lower()` traces under `jax.disable_jit()` too: there a constant is what it is in any
+    # trace, a parameter (default pipeline) or a captured buffer, never embedded.
+    box = {"t": FrozenConst(unique_data((256, 256)))}
+    f = frozenconst.jit(lambda w: jnp.sum(box["t"] @ w))
+    w = jnp.ones(256)
+    with jax.disable_jit():
+        lowered = len(f.lower(w).as_text())
+        grads = jax.grad(f)(w)  # run as it is: the constant's own values
+    assert lowered < box["t"].nbytes / 16, lowered
+    np.testing.assert_allclose(np.asarray(grads), np.asarray(jax.grad(lambda v: jnp.sum(box["t"] @ v))(w)))
+
+
 def test_under_disable_jit_a_returned_constant_is_what_jax_jit_returns():
     table = FrozenConst(unique_data((32, 32)))
     box = {"t": table}
