@@ -135,12 +135,12 @@ _shared = next(_unique)
 # (every tracer holds its trace), so while any such entry lives the value is
 # not reused; entries without our tracers are what any trace of that kind
 # would cache. Kept per kind, so a reused entry resolved constants the way
-# the new trace would. Except a trace that stood in a placeholder for a
-# constant it met first (`_hoisting.placeholder`, zeros, redone at once): the
-# zeros are a concrete array, not a tracer, so an inner `jax.jit` cached under
-# that value holds them without holding the trace, and a later trace reusing
-# the value would compute with zeros. Such a value is retired, never reused
-# (`retire_trace_context`; the composition property test found it).
+# the new trace would. A stand-in for a constant met first (`_hoisting.placeholder`)
+# is never handed to an inner trace, where an inner `jax.jit` would cache zeros
+# without holding the trace (a later trace reusing the value computed with them:
+# the composition property test found it; issue #26 moved the stand-ins out).
+# Where user code caught a stop and an inner trace went on without the
+# constant, the value is retired, never reused (`retire_trace_context`).
 _free: dict[Hashable, list[int]] = {}
 _retired: set[int] = set()
 # Values handed out whose traces may still be alive.
@@ -158,7 +158,7 @@ def _release(kind: Hashable, value: int) -> None:
 
 
 def retire_trace_context(value: int) -> None:
-    """Never hand out `value` again: what JAX cached under it may hold this trace's placeholders."""
+    """Never hand out `value` again: what JAX cached under it may not hold this trace."""
     with _free_lock:
         _retired.add(value)
 
@@ -179,6 +179,47 @@ def _find_trace_object() -> Callable[[], object] | None:
 
 
 _trace_object = _find_trace_object()
+
+
+# Values made in a trace while a trace nested in it is current: `frozenconst.jit`
+# stands zeros in for a constant met first inside a nested trace (a `scan`
+# body, an inner `jax.jit`), made in its own trace, so that the nested trace
+# closes over a tracer of that trace, as it closes over a parameter: whatever
+# JAX caches of the nested trace then holds the trace, and its trace-context
+# value is not used again while it does (zeros made inside the nested trace are
+# that trace's own, which JAX caches holding nothing of ours). Private
+# `jax._src.core.set_current_trace(trace)` (a context manager) with the trace
+# object above (jax >= 0.4.36; checked on 0.6.2, 0.9.2, 0.10.2 and 0.12.0.1).
+# Fallback: None, and such a constant stops the trace instead (one trace more
+# for each constant met so).
+def _find_trace_setter() -> Callable[[object], contextlib.AbstractContextManager[Any]] | None:
+    try:
+        from jax._src import core as _core
+    except ImportError:  # pragma: no cover - newer JAX layouts
+        return None
+    setter: Callable[[object], contextlib.AbstractContextManager[Any]] | None = getattr(
+        _core, "set_current_trace", None
+    )
+    return setter if callable(setter) else None
+
+
+_trace_setter = _find_trace_setter()
+
+
+def trace_handle() -> object | None:
+    """The innermost active trace, to make values in it later (`in_trace`), or None where
+    this JAX cannot."""
+    if _trace_object is None or _trace_setter is None:
+        return None
+    return _trace_object()
+
+
+def in_trace(handle: object) -> contextlib.AbstractContextManager[Any]:
+    """A context in which JAX's operations make values in the trace `trace_handle()` gave."""
+    setter = _trace_setter
+    if setter is None:  # pragma: no cover - `trace_handle()` gives no handle then
+        raise RuntimeError("this JAX cannot make values in an outer trace")
+    return setter(handle)
 
 
 def _make_context_state() -> Any:

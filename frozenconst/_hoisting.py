@@ -3,9 +3,21 @@
 While `frozenconst.jit` traces, each constant it already knows resolves to a
 parameter of the compiled program (a tracer), so its data never enters the
 program. A constant it meets for the first time is noted and stands in as
-zeros of its type for the rest of that trace; the trace is then thrown away and
-redone with every constant it met as a parameter, before anything is lowered
-or compiled. One extra trace finds them all.
+zeros of its type for the rest of that trace; the trace is then thrown away
+and redone with every constant it met as a parameter, before anything is
+lowered or compiled. One extra trace finds them all.
+
+The zeros are always made in this trace (`placeholder`), a tracer of it, also
+where the constant is met inside a trace nested in ours (a `scan` body, an
+inner `jax.jit`, a `cond` branch): the nested trace closes over them as it
+closes over a parameter, so whatever JAX caches of it holds this trace, and
+the trace-context value is not used again while it does. Zeros made inside the
+nested trace would be that trace's own: an inner `jax.jit` cached them holding
+nothing of ours, and a later trace reusing the value computed with them. Where
+this trace is not isolated yet (`STOP`, below), or this JAX cannot make values
+in it from inside a nested one (`_compat.trace_handle`), a constant met first
+inside a nested trace stops the trace there instead (`Rediscover`, before JAX
+caches the nested trace), and the redo knows it: one trace per such constant.
 
 A constant made while the trace runs belongs to that trace: it resolves to its
 device buffer, which JAX treats as any `jax.Array` made inside a traced
@@ -16,7 +28,8 @@ closed-over `jax.Array` does under `jax.jit`: under JAX's simplified constant
 pipeline, every constant (JAX itself passes such buffers to the executable, at
 a fraction of an argument's cost per call, and embeds none over 32 bytes);
 under the default pipeline, small constants (JAX embeds them, which costs less
-per call than a parameter).
+per call than a parameter). Under `jax.disable_jit()` nothing is traced, and
+every constant is its own buffer, concrete.
 
 A constant used inside a trace nested in ours (a `scan` body, an inner
 `jax.jit`, `grad`) would leave our tracer in JAX's cache of that inner trace.
@@ -24,18 +37,31 @@ The first such use stops the trace (before JAX caches anything), and the
 function is traced again, and from then on always, in a trace context of its
 own (`_compat.trace_context`). On a JAX without that hook, such uses stay
 concrete buffers (correct, embedded by JAX's default pipeline). A context
-value goes back to a pool once its trace is gone (`_compat.unique_trace_context`),
-except where the trace handed out zeros for a constant met late: an inner
-`jax.jit` may have cached those zeros under it, so it is retired for good.
+value goes back to a pool once its trace is gone (`_compat.unique_trace_context`):
+what JAX cached under it holds no value of ours but our tracers (parameters
+and stand-ins), which hold the trace. The stop also notes the constant it
+stopped on, if it was met first, so the isolated trace knows it. Except where
+user code caught a stop and the inner trace went on (`except Exception:`
+around the use): JAX may have cached that inner trace without the constant, so
+the value is never used again (the shared one is renewed, a unique one retired).
 
 How a use inside a nested trace resolves is a per-function state,
-`NestedUse`, which only `Protocol.trace` moves, at the end of a trace:
+`NestedUse`, which only `Protocol.trace` moves, at the end of a trace, on
+these events and no others:
 
-| state       | a use inside a nested trace     | moves to, when                                       |
-|-------------|---------------------------------|------------------------------------------------------|
-| `STOP`      | stops the trace (`Rediscover`)  | `PARAMETER`: a trace ended with such a use           |
-| `PARAMETER` | the parameter, closed over      | `BUFFER`: JAX refused the program with it (warned)   |
-| `BUFFER`    | the device buffer, as `jax.jit` | nothing: final                                       |
+| state       | a use inside a nested trace    | moves to, when                                           |
+|-------------|--------------------------------|----------------------------------------------------------|
+| `STOP`      | stops the trace (`Rediscover`) | `PARAMETER`: a trace ended with such a use               |
+| `PARAMETER` | the parameter, closed over     | `TRYING`: a trace with such a use raised (anything)      |
+| `TRYING`    | the buffer, as under `jax.jit` | `BUFFER`: a trace with such a use succeeded: JAX refused |
+|             |                                | the parameter (warned); `PARAMETER`: a trace raised too: |
+|             |                                | the user's error (or one without such a use succeeded)   |
+| `BUFFER`    | the buffer, as under `jax.jit` | nothing: final                                           |
+
+A trace that met constants first (or was stopped) is redone whatever else
+happened in it, and moves no state but `STOP`'s: an error there is raised by
+the redo, if it happens again. The error a user sees from `TRYING` is its own
+trace's, raised as it is, as `jax.jit` (which captures buffers) raises it.
 
 A function starts in `STOP`, or in `BUFFER` on a JAX that cannot isolate
 traces (`_compat.trace_isolation`).
@@ -58,11 +84,14 @@ import numpy as np
 from jax.sharding import Sharding
 
 from ._compat import (
+    Tracer,
     current_trace,
+    in_trace,
     renew_shared_trace_context,
     retire_trace_context,
     shared_trace_context,
     trace_context,
+    trace_handle,
     trace_isolation,
     unique_trace_context,
     warn_degraded,
@@ -106,10 +135,11 @@ class NestedUse(enum.Enum):
 
     STOP = "stop"  # the trace is not isolated: stop it, to be redone isolated
     PARAMETER = "parameter"  # the trace is isolated: the parameter, closed over by the inner trace
+    TRYING = "trying"  # a trace with parameters raised: the buffer, to tell JAX's refusal from an error
     BUFFER = "buffer"  # JAX refused that: the device buffer, as `jax.jit` would capture it
 
 
-STOP, PARAMETER, BUFFER = NestedUse.STOP, NestedUse.PARAMETER, NestedUse.BUFFER
+STOP, PARAMETER, TRYING, BUFFER = NestedUse.STOP, NestedUse.PARAMETER, NestedUse.TRYING, NestedUse.BUFFER
 
 
 class Frame(Generic[S]):
@@ -122,17 +152,33 @@ class Frame(Generic[S]):
         inner: how a constant used inside a nested trace resolves (`NestedUse`).
         pending: constants met for the first time, to be parameters next time.
         nested: the constants used inside nested traces.
-        stops: how many times a nested trace was stopped (`STOP`).
+        stops: how many times a nested trace was stopped (`Rediscover`).
+        eager: nothing is traced (`jax.disable_jit()`): every constant is its own buffer.
+        handle: the trace itself (`_compat.trace_handle`), to make stand-ins in.
     """
 
-    __slots__ = ("captured", "captures", "inner", "known", "nested", "pending", "serial", "stops", "trace")
+    __slots__ = (
+        "captured",
+        "captures",
+        "eager",
+        "handle",
+        "inner",
+        "known",
+        "nested",
+        "pending",
+        "serial",
+        "stops",
+        "trace",
+    )
 
     def __init__(
         self,
         known: dict[tuple[S, Sharding | None], Any],
         inner: NestedUse,
         captures: Callable[[tuple[S, Sharding | None]], bool],
+        eager: bool = False,
     ) -> None:
+        self.eager = eager
         self.known = known
         self.inner = inner
         # Which constants resolve to their device buffers, as a closed-over
@@ -143,6 +189,8 @@ class Frame(Generic[S]):
         self.nested: list[tuple[S, Sharding | None]] = []
         self.stops = 0
         self.trace = current_trace()
+        # This trace itself, to make stand-ins in (None where JAX cannot).
+        self.handle = None if eager else trace_handle()
         # Constants numbered above this were made during the trace.
         self.serial = next_serial()
 
@@ -158,7 +206,8 @@ class Protocol:
 
     Attributes:
         inner: how a constant used inside a nested trace resolves in this function's traces.
-        refusal: why JAX refused the program with a parameter in a nested trace, until warned.
+        refusal: while `inner` is `TRYING`, what the trace with parameters raised (type and
+            first line, for the warning; not the error, whose traceback holds that trace).
         capture_max: the largest constant (bytes) the function's traces capture as its buffer;
             with `inner`, what makes two isolated traces resolve constants alike, so that
             they may share a trace-context value (`_compat.unique_trace_context`).
@@ -168,7 +217,7 @@ class Protocol:
 
     def __init__(self, capture_max: int) -> None:
         self.inner = STOP if trace_isolation else BUFFER
-        self.refusal: Exception | None = None
+        self.refusal = ""
         self.capture_max = capture_max
 
     def trace(
@@ -180,6 +229,14 @@ class Protocol:
     ) -> Any:
         """`body()` traced with `known` constants as parameters; `learned(frame)` is told what the
         trace met. Raises `Rediscover` where the trace must be redone."""
+        if _nothing_traced():
+            # `jax.disable_jit()`: each constant is its own device buffer, as a
+            # closed-over `jax.Array` is under `jax.jit` there.
+            enter(Frame(known, BUFFER, captures, eager=True))
+            try:
+                return body()
+            finally:
+                leave()
         frame = Frame(known, self.inner, captures)
         context = (
             shared_trace_context()
@@ -187,49 +244,75 @@ class Protocol:
             else unique_trace_context((frame.inner, self.capture_max))
         )
         stopped = 0  # stops that reached this function (not caught on the way)
+        retry = False  # the trace is redone with buffers in nested traces (`TRYING`)
         enter(frame)
         try:
             with trace_context(context):
                 out = body()
         except Exception as err:
             stopped = int(isinstance(err, Rediscover))
-            if frame.inner is STOP and frame.nested:
-                out = None  # the nested trace was stopped: redone isolated, below
-            elif frame.inner is PARAMETER and frame.nested and not frame.pending:
+            if frame.redo:
+                out = None  # stopped, or met constants first: redone, below, whatever else went wrong
+            elif stopped:
+                raise  # not this trace's: an outer trace stopped from inside this function
+            elif frame.inner is PARAMETER and frame.nested:
                 # JAX may refuse a parameter closed over by an inner trace
                 # (`shard_map` over `Explicit` mesh axes refuses closed-over
-                # sharded inputs): give those constants what jax.jit would.
-                self.inner, self.refusal = BUFFER, err
-                raise Rediscover from err
+                # sharded inputs), or the user's code failed: tried again with
+                # what jax.jit would give those uses, their buffers, to tell.
+                self.inner, self.refusal, retry = TRYING, _first_line(err), True
+                out = None
             else:
+                if frame.inner is TRYING and self.inner is TRYING:
+                    # Buffers failed too: the user's error, raised as it is; the
+                    # parameters stay, for this program and the next.
+                    self.inner, self.refusal = PARAMETER, ""
                 raise
         finally:
             leave()
-            if frame.pending and frame.inner is not STOP:
-                # Placeholders stood in for constants met first: never reuse this value.
-                retire_trace_context(context)
             learned(frame)
-            if frame.inner is STOP and frame.nested:
+            if frame.inner is STOP and frame.nested and self.inner is STOP:
                 self.inner = PARAMETER
             if frame.stops > stopped:
                 # User code caught a stop (`except Exception:` around a nested
                 # use) and the inner trace went on: JAX may have cached it with
-                # this trace's tracer inside. Nothing traced later reuses it.
-                renew_shared_trace_context()
-        if frame.redo:
+                # this trace's tracer inside, or without the constant. Nothing
+                # traced later reuses it.
+                if frame.inner is STOP:
+                    renew_shared_trace_context()
+                else:
+                    retire_trace_context(context)
+        if frame.redo or retry:
             raise Rediscover
-        if frame.inner is BUFFER and frame.nested and self.refusal is not None:
-            _warn_refused(frame.nested, self.refusal)
-            self.refusal = None
+        if frame.inner is TRYING and self.inner is TRYING:
+            if frame.nested:
+                # Buffers worked where parameters did not: JAX's refusal, for good.
+                self.inner = BUFFER
+                _warn_refused(frame.nested, self.refusal)
+            else:
+                self.inner = PARAMETER  # no nested use this time: no evidence either way
+            self.refusal = ""
         return out
 
 
-def _warn_refused(uses: Sequence[tuple[StoreLike, Sharding | None]], err: Exception) -> None:
+def _nothing_traced() -> bool:
+    """Whether the function runs as it is, on concrete values: under `jax.disable_jit()`, except
+    where JAX traces it anyway (`.lower()`, or inside `jax.make_jaxpr`)."""
+    if not getattr(jax.config, "jax_disable_jit", False):
+        return False
+    return not isinstance(jax.lax.full((), 0, np.int8), Tracer)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
+def _warn_refused(uses: Sequence[tuple[StoreLike, Sharding | None]], reason: str) -> None:
     names = ", ".join(f"FrozenConst {s.dtype}{list(s.shape)}" for s, _ in uses)
-    reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
     warnings.warn(
         f"frozenconst.jit: JAX refused this program with {names} as a parameter used inside a "
-        f"nested trace ({type(err).__name__}: {reason}). It is captured there as jax.jit would "
+        f"nested trace ({reason}). It is captured there as jax.jit would "
         "capture it: its device buffer, embedded in the program by JAX's default constant "
         "pipeline. Pass it to the inner function as an argument to keep it out.",
         FrozenConstWarning,
@@ -278,8 +361,8 @@ def resolve(store: StoreLike, sharding: Sharding | None) -> jax.Array | None:
     """The value a constant stands for in this thread's innermost `frozenconst.jit` trace,
     or None where that is its own device buffer (which `Store.array` then serves)."""
     frame = scope.frames[-1]
-    if store.serial > frame.serial:
-        return None  # made by this trace: one of its own constants
+    if store.serial > frame.serial or frame.eager:
+        return None  # made by this trace (one of its own constants), or nothing is traced
     use = (store, sharding)
     if frame.captures(use):
         frame.captured.append(store)
@@ -287,19 +370,46 @@ def resolve(store: StoreLike, sharding: Sharding | None) -> jax.Array | None:
     if current_trace() != frame.trace:
         if use not in frame.nested:
             frame.nested.append(use)
-        if frame.inner is STOP:
-            frame.stops += 1
-            raise Rediscover  # stops the nested trace before JAX caches it
-        if frame.inner is BUFFER:
+        if frame.inner is BUFFER or frame.inner is TRYING:
             if not trace_isolation:
                 _warn_embedded_once()
             return None
+        value = frame.known.get(use)
+        if frame.inner is PARAMETER:
+            if value is not None:
+                return value  # type: ignore[no-any-return]
+            if frame.handle is not None:
+                # Met first here: zeros made in this trace, not in the nested
+                # one, so what JAX caches of the nested trace holds this trace.
+                if use not in frame.pending:
+                    frame.pending.append(use)
+                with in_trace(frame.handle):
+                    return placeholder(store)
+        # Stop the nested trace before JAX caches it: with this trace's tracer
+        # inside, under the context all `STOP` traces share, or (where this JAX
+        # cannot make values in this trace) with a stand-in that would not hold
+        # this trace. The redo knows the constant.
+        if value is None and use not in frame.pending:
+            frame.pending.append(use)
+            if frame.inner is PARAMETER:
+                _warn_stopped_once()
+        frame.stops += 1
+        raise Rediscover
     value = frame.known.get(use)
     if value is not None:
         return value  # type: ignore[no-any-return]
     if use not in frame.pending:
         frame.pending.append(use)
     return placeholder(store)
+
+
+def _warn_stopped_once() -> None:
+    warn_degraded(
+        "frozenconst.jit cannot make values in its own trace from inside a nested one on this JAX "
+        "(no `set_current_trace`), so each FrozenConst met for the first time inside a nested "
+        "trace (a `scan` body, an inner `jax.jit`, `grad`) costs one trace more. Results are "
+        "correct. Close over the constant, or pass it as an argument, to save those traces."
+    )
 
 
 def _warn_embedded_once() -> None:

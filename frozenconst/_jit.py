@@ -69,8 +69,9 @@ class JitWrapped:
     as zeros (`_hoisting.resolve`) and notes it; at the end of the trace
     (`_hoisting.Protocol.trace`) `Rediscover` is raised through `jax.jit`, so
     JAX caches no program of that trace (inner functions it traced may stay in
-    JAX's caches, under a trace context never used again: `_hoisting`); the
-    constant joins the group, and the call is made again (`_again`, then `_call`). A constant JAX takes as a
+    JAX's caches, holding that trace: `_hoisting`); met first inside a nested
+    trace, it stops the trace there. The constant joins the group, and the call
+    is made again (`_again`, then `_call`). A constant JAX takes as a
     closed-over buffer (`Constants.captures`) never joins: the trace uses its
     buffer as `jax.jit` would.
 
@@ -183,8 +184,11 @@ class JitWrapped:
         """`step(group, arrays)` with the call's group and its arrays, until no trace meets a new constant."""
         for _ in range(_MAX_ROUNDS):
             group = self._constants.group(args, kwargs)
+            # Outside the `try`, as in `__call__`: inside another frozenconst.jit
+            # trace, feeding can stop that trace, which is the outer call's to handle.
+            consts = group.arrays(args, kwargs)
             try:
-                return step(group, group.arrays(args, kwargs))
+                return step(group, consts)
             except Rediscover:
                 continue
         raise FrozenConstRuntimeError(

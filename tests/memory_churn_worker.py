@@ -1,14 +1,30 @@
-"""Memory as frozenconst.jit functions come and go (issue #19, part 7).
+"""Memory as frozenconst.jit functions come and go (issue #19, part 7; issue #26).
 
-    python memory_churn_worker.py FORM COUNT
+    python memory_churn_worker.py [--fresh] COUNT DEVICES FORM [FORM ...]
 
-Makes, lowers and drops COUNT functions whose body uses a constant inside
-FORM (`scan`: a `lax.scan` body; `jit`: an inner `jax.jit`), first with
-`jax.jit` over the constant's device buffer, then with `frozenconst.jit` over
-the constant, in this one process, and prints the resident memory each grew
-by per function: `GROWTH <form> <jax.jit bytes> <frozenconst.jit bytes>`.
+Each FORM is `REACH-NESTED`: how the function reaches its constant (REACH:
+`closure`, closed over; `attribute`, `self.table` of a callable object passed to
+the jit; `attributes`, two such attributes, both used in the nested trace, so
+that a trace already isolated meets the second; `dict`, an entry of a dict it
+closes over; `global`, a module global it names; `module_jit`, a module-level
+`jax.jit` function that closes over the constant and that the function calls;
+`module_own`, the same made by the jit measured, so `frozenconst.jit` for
+frozenconst.jit; `module_arg`, a module-level `jax.jit` function the function
+passes the constant to, from a dict) and the nested trace it uses it in (NESTED:
+`scan`, a `lax.scan` body; `jit`, an inner `jax.jit`; `grad`, an inner
+`jax.grad`; `cond`, a `lax.cond` branch; with the `module_` forms, `jit` only).
+
+For each form, makes, lowers and drops COUNT functions, first with `jax.jit`
+over the constant's device buffer, then with `frozenconst.jit` over the
+constant, in this one process on DEVICES CPU devices, and prints the resident
+memory each grew by per function: `GROWTH <form> <jax.jit bytes> <frozenconst.jit bytes>`.
 Lowering fills every cache keyed by the trace context; XLA's compile is left
 out (the warm-up calls each kind once), as it multiplies the time by ten.
+
+With `--fresh`, the second column is `jax.jit` again, each function lowered in
+a trace context of its own (`_compat.trace_context`): what JAX's caches keyed
+by trace context cost per function where each function's traces are isolated,
+before anything of frozenconst's (the floor of `module_jit`, docs/jit.md).
 """
 
 import ctypes
@@ -22,7 +38,7 @@ import numpy as np
 from jax import lax
 
 import frozenconst
-from frozenconst import FrozenConst
+from frozenconst import FrozenConst, _compat
 
 try:
     _trim = ctypes.CDLL("libc.so.6").malloc_trim  # free pages back, so RSS counts what is held
@@ -41,43 +57,131 @@ def rss() -> int:
     raise AssertionError("no VmRSS in /proc/self/status")
 
 
+# -- the nested traces: each uses the table that `get()` reaches, inside one ------------------
+
+
+def in_scan(get, x):
+    def body(carry, _):
+        return carry + jnp.sum(get() * x), None
+
+    return lax.scan(body, 0.0, None, length=3)[0]
+
+
+def in_jit(get, x):
+    return jax.jit(lambda y: jnp.sum(get() * y))(x)
+
+
+def in_grad(get, x):
+    return jnp.sum(jax.grad(lambda y: jnp.sum(jnp.sin(get() * y)))(x))
+
+
+def in_cond(get, x):
+    return lax.cond(x[0] > 0, lambda y: jnp.sum(get() * y), lambda y: jnp.sum(y), x)
+
+
+NESTED = {"scan": in_scan, "jit": in_jit, "grad": in_grad, "cond": in_cond}
+
+
+# -- how the function reaches the table ----------------------------------------------------------
+
+
+class Model:
+    """A callable holding the table as an attribute: `frozenconst.jit(Model(...))`."""
+
+    def __init__(self, table, nested):
+        self.table = table
+        self.nested = nested
+
+    def __call__(self, x):
+        return self.nested(lambda: self.table, x)
+
+
+class TwoTables:
+    """A callable holding two tables as attributes, both used in the nested trace."""
+
+    def __init__(self, table, other, nested):
+        self.table, self.other, self.nested = table, other, nested
+
+    def __call__(self, x):
+        return self.nested(lambda: self.table * 0.5 + self.other * 0.5, x)
+
+
+TABLE = None  # the module global of the `global` form
+OTHER = None  # the second table of the `attributes` form
+MODULE_JIT = None  # the module-level jitted function of the `module_` forms
+
+
 def make(jit, table, form):
-    if form == "scan":
+    reach, nested_name = form.split("-")
+    nested = NESTED[nested_name]
+    if reach == "closure":
+        return jit(lambda x: nested(lambda: table, x))
+    if reach == "attribute":
+        return jit(Model(table, nested))
+    if reach == "attributes":
+        return jit(TwoTables(table, OTHER, nested))
+    if reach == "dict":
+        tables = {"t": table}
+        return jit(lambda x: nested(lambda: tables["t"], x))
+    if reach == "global":
+        return jit(lambda x: nested(lambda: TABLE, x))
+    if reach in ("module_jit", "module_own"):
+        return jit(lambda x: MODULE_JIT(x))
+    if reach == "module_arg":
+        tables = {"t": table}
+        return jit(lambda x: MODULE_JIT(x, tables["t"]))
+    raise SystemExit(f"unknown form {form!r}")
 
-        def f(x):
-            def body(carry, _):
-                return carry + jnp.sum(table * x), None
 
-            return lax.scan(body, 0.0, None, length=3)[0]
+class _Fresh:
+    """`jax.jit`, each function lowered in a trace context of its own (`--fresh`)."""
+
+    def __init__(self, fun):
+        self._jitted = jax.jit(fun)
+
+    def __call__(self, *args):
+        with _compat.trace_context(next(_compat._unique)):
+            return self._jitted(*args)
+
+    def lower(self, *args):
+        with _compat.trace_context(next(_compat._unique)):
+            return self._jitted.lower(*args)
+
+
+def growth(jit, table, other, form, count):
+    global TABLE, OTHER, MODULE_JIT
+    TABLE, OTHER = table, other
+    if form.startswith("module_arg"):
+        MODULE_JIT = jax.jit(lambda y, t: jnp.sum(t * y))
     else:
-
-        def f(x):
-            return jax.jit(lambda y: jnp.sum(table * y))(x)
-
-    return jit(f)
-
-
-def growth(jit, table, form, count):
+        MODULE_JIT = (jit if form.startswith("module_own") else jax.jit)(lambda y: jnp.sum(table * y))
     x = jnp.ones(table.shape, jnp.float32)
     make(jit, table, form)(x).block_until_ready()
-    for _ in range(max(100, count // 5)):  # JAX's first-use allocations, and every cache warm
+    for _ in range(max(50, count // 5)):  # JAX's first-use allocations, and every cache warm
         make(jit, table, form).lower(x)
     before = rss()
     for _ in range(count):
         make(jit, table, form).lower(x)
-    return (rss() - before) / count
+    grown = (rss() - before) / count
+    TABLE = OTHER = MODULE_JIT = None
+    return grown
 
 
-def main(form, count):
+def main(count, forms, fresh):
     data = np.arange(2048, dtype=np.float32)
-    x = FrozenConst(data)
-    start = time.perf_counter()
-    plain = growth(jax.jit, jnp.asarray(data), form, count)
-    middle = time.perf_counter()
-    ours = growth(frozenconst.jit, x, form, count)
-    print(f"seconds {middle - start:.1f} {time.perf_counter() - middle:.1f}", flush=True)
-    print(f"GROWTH {form} {plain:.1f} {ours:.1f}", flush=True)
+    for form in forms:
+        start = time.perf_counter()
+        plain = growth(jax.jit, jnp.asarray(data), jnp.asarray(data + 1), form, count)
+        middle = time.perf_counter()
+        if fresh:
+            ours = growth(_Fresh, jnp.asarray(data), jnp.asarray(data + 1), form, count)
+        else:
+            ours = growth(frozenconst.jit, FrozenConst(data), FrozenConst(data + 1), form, count)
+        print(f"seconds {form} {middle - start:.1f} {time.perf_counter() - middle:.1f}", flush=True)
+        print(f"GROWTH {form} {plain:.1f} {ours:.1f}", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    argv = [a for a in sys.argv[1:] if a != "--fresh"]
+    jax.config.update("jax_num_cpu_devices", int(argv[1]))  # before JAX's backend starts
+    main(int(argv[0]), argv[2:], "--fresh" in sys.argv[1:])

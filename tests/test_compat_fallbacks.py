@@ -8,10 +8,12 @@ detection itself is exercised. At the JAX floor (0.6.2) several of these
 fallbacks are simply what runs (`make test` runs the suite there too).
 """
 
+import gc
 import json
 import re
 import sys
 import textwrap
+import warnings
 
 import hypothesis
 import jax
@@ -111,6 +113,59 @@ def test_without_trace_identity_every_trace_is_redone_isolated_and_warned(monkey
     )
     w = jnp.ones(8)
     assert len(f.lower(w).as_text()) <= 1.1 * len(as_argument.lower(jnp.asarray(c), w).as_text())
+
+
+def test_without_a_way_to_make_values_in_an_outer_trace_each_late_constant_stops_a_trace(monkeypatch):
+    # Zeros standing in for a constant met first inside a nested trace are made in the outer
+    # trace (`_compat.trace_handle`); without that, each such constant stops the trace, said once.
+    monkeypatch.setattr(_hoisting, "trace_handle", lambda: None)
+    tables = {f"t{i}": FrozenConst(np.full((16, 16), i + 1.0, np.float32)) for i in range(3)}
+    traces = []
+
+    def fun(x):
+        traces.append(1)
+        body = lambda c, _: (c + sum(jnp.sum(t * x) for t in tables.values()), None)
+        return jax.lax.scan(body, 0.0, None, length=2)[0]
+
+    x = jnp.ones((16, 16), jnp.float32)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        out = frozenconst.jit(fun, embed_max_bytes=0)(x)
+        frozenconst.jit(fun, embed_max_bytes=0)(x * 2).block_until_ready()
+    np.testing.assert_array_equal(np.asarray(out), 2 * 256 * 6.0)
+    captured = SIMPLIFIED and jax.device_count() == 1  # the buffers, as by jax.jit: nothing to find
+    assert len(traces) == (2 if captured else 8)  # each function: stopped, then once per constant
+    said = _degraded(record)
+    assert len(said) == (0 if captured else 1) and all("one trace more" in m for m in said), said
+
+    # A stop user code catches there (`except Exception:`), the inner trace going on without the
+    # constant: that trace's context value is never used again, by any later function.
+    kind = {"embed_max_bytes": 12_345}  # these functions' own kind of trace, and pool of values
+    known = FrozenConst(unique_data((64, 64)))
+    box = {"late": FrozenConst(np.full((64, 64), 10.0, np.float32))}
+
+    @jax.jit
+    def helper(v):
+        try:
+            return v + box["late"]
+        except Exception:  # catches frozenconst's stop too
+            return v * 0
+
+    def caught(v):
+        def body(c, _):
+            return c + jnp.sum(known) * 0 + (jnp.sum(helper(v)) if v.ndim == 2 else 0.0), None
+
+        return jax.lax.scan(body, 0.0, None, length=1)[0]
+
+    first = frozenconst.jit(caught, **kind)
+    first(jnp.ones(4)).block_until_ready()  # isolated from now on
+    assert float(first(jnp.ones((64, 64)))) == 64 * 64 * 11.0
+    del first
+    gc.collect()
+    pin = jax.jit(lambda v: v * jnp.sum(known))  # keeps each later trace alive: each draws anew
+    later = [frozenconst.jit(lambda v: caught(v) + jnp.sum(pin(v)) * 0, **kind) for _ in range(4)]
+    for f in later:
+        assert float(f(jnp.ones((64, 64)))) == 64 * 64 * 11.0
 
 
 def test_without_a_clear_caches_hook_it_is_said_once(monkeypatch):

@@ -62,6 +62,13 @@ def retried(x):
     raise ValueError("user says no, the second time")  # LINE retried
 
 
+def nested(x):
+    def body(carry, _):
+        return carry + jnp.dot(x + table, jnp.ones(3)), None  # LINE nested
+
+    return jax.lax.scan(body, 0.0, None, length=1)[0]
+
+
 def lowered(x):
     raise ValueError("no lowering either")  # LINE lower
 
@@ -79,6 +86,7 @@ cases = {
     "jax": lambda: frozenconst.jit(in_jax)(jnp.ones(4096)),
     "frozenconst": lambda: frozenconst.jit(by_frozenconst)(jnp.ones(4096)),
     "retried": lambda: frozenconst.jit(retried)(jnp.ones(4096)),
+    "nested": lambda: frozenconst.jit(nested)(jnp.ones(4096)),
     "lower": lambda: frozenconst.jit(lowered).lower(jnp.ones(4096)),
     "plain_closure": lambda: jax.jit(plain_closure)(jnp.ones(3)),
     "plain_argument": lambda: jax.jit(plain_argument)(jnp.ones(3), table),
@@ -118,7 +126,9 @@ for name, case in cases.items():
 print("REPORT" + json.dumps(report))
 """
 
-FROZENCONST_JIT = ("user", "jax", "frozenconst", "retried", "lower")
+# "nested": a user's error in a nested trace, tried again with buffers there (`_hoisting`'s
+# `TRYING`) before it is taken for the user's and raised.
+FROZENCONST_JIT = ("user", "jax", "frozenconst", "retried", "nested", "lower")
 PLAIN_JIT = ("plain_closure", "plain_argument")
 
 
@@ -213,6 +223,7 @@ def test_the_message_is_the_same_in_every_mode_and_nothing_internal_is_chained(r
         "jax": "dot_general requires contracting dimensions",
         "frozenconst": "FrozenConst needs a concrete value",
         "retried": "user says no, the second time",
+        "nested": "dot_general requires contracting dimensions",
         "lower": "no lowering either",
         "plain_closure": "dot_general requires contracting dimensions",
         "plain_argument": "incompatible shapes for broadcasting",
