@@ -9,6 +9,7 @@ from ._cache import Placement as Placement
 from ._cache import set_accounting as set_accounting
 from ._checkpoints import restore as restore
 from ._errors import CapturedNumpyConstantError as CapturedNumpyConstantError
+from ._errors import FrozenConstIndexError as FrozenConstIndexError
 from ._errors import FrozenConstRuntimeError as FrozenConstRuntimeError
 from ._errors import FrozenConstTypeError as FrozenConstTypeError
 from ._errors import FrozenConstValueError as FrozenConstValueError

@@ -15,7 +15,7 @@ import numpy as np
 
 from ._cache import LIVE
 from ._compat import SIMPLIFIED_CONSTANTS
-from ._errors import FrozenConstTypeError, FrozenConstValueError
+from ._errors import FrozenConstIndexError, FrozenConstTypeError, FrozenConstValueError
 from ._fingerprint import fingerprint
 from ._host import human_bytes
 from ._jaxprs import walk, where
@@ -224,7 +224,7 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
             closed = fun.trace(*args, **kwargs).jaxpr
         else:
             closed = jax.make_jaxpr(fun)(*args, **kwargs)
-    except (ValueError, TypeError) as err:
+    except (ValueError, TypeError, IndexError) as err:
         refused = _refused_as_array(err)
         if refused is None:
             raise
@@ -302,8 +302,12 @@ def _static_slice_bytes(eqn: Any, so_far: int) -> int | None:
 
 # JAX's own words when `core.typeof` meets an object with `__jax_array__` that
 # is not one of its array types (jax >= 0.7; 0.6 calls it with a
-# DeprecationWarning): an index (`a[idx]`, `a.at[idx]`) or a `jax.lax` operand.
+# DeprecationWarning): a `jax.lax` operand, or (jax 0.7 to 0.9) an index
+# (`a[idx]`, `a.at[idx]`). From jax 0.10, where a FrozenConst's type is
+# registered with `typeof` (`_compat.register_array_type`), the indexer refuses
+# it in other words, an `IndexError` that names it (`Got FrozenConst(...)`).
 _JAX_REFUSAL = "__jax_array__() during abstractification"
+_INDEX_REFUSAL = "Got FrozenConst("
 # And where a jitted JAX function hands a FrozenConst argument (there a value
 # derived from its tracer) to `jnp.asarray`'s type check, or compares the pytree
 # structure of its argument with that of a result (`jax.scipy.sparse.linalg.cg`).
@@ -339,6 +343,31 @@ TAKE_PYTREES: dict[str, tuple[str, ...]] = {
     "jax.scipy.spatial.transform.Rotation": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
 }
 
+# Parameters of public `jax.numpy` functions that refuse a FrozenConst where they
+# take a jax.Array, `function(parameter)`, with the JAX versions on which they do.
+# Found by the sweep that passes a FrozenConst in each array parameter of every
+# public jax.numpy function (tests/test_numpy_sweep.py), which checks this table
+# on each version below; docs/jax.md lists it, with each one's reason. The fix is
+# the same: `jnp.asarray(x)` in that argument.
+JAX_NUMPY_REFUSALS: dict[str, tuple[str, ...]] = {
+    "jax.numpy.array_split(indices_or_sections)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.numpy.dsplit(indices_or_sections)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.numpy.hsplit(indices_or_sections)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.numpy.split(indices_or_sections)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.numpy.vsplit(indices_or_sections)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.numpy.union1d(fill_value)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.numpy.unique(fill_value)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.numpy.unique_all(fill_value)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.numpy.unique_counts(fill_value)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.numpy.unique_inverse(fill_value)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.numpy.unique_values(fill_value)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
+}
+
+
+def _function(name: str) -> str:
+    """The bare function name of a table entry: `split` for `jax.numpy.split(indices_or_sections)`."""
+    return name.split("(")[0].rsplit(".", 1)[1]
+
 
 def _calls(line: str, function: str) -> bool:
     """Whether `line` calls a function named `function` (`name(`, `module.name (`)."""
@@ -355,16 +384,23 @@ def _calls(line: str, function: str) -> bool:
 def _called(filename: str, lineno: int) -> list[str]:
     """The functions of the tables above that the source line at the place of use calls."""
     line = linecache.getline(filename, lineno)
-    return [name for name in (*BYPASS_JAX_NUMPY, *TAKE_PYTREES) if _calls(line, name.rsplit(".", 1)[1])]
+    tables = (*BYPASS_JAX_NUMPY, *TAKE_PYTREES, *JAX_NUMPY_REFUSALS)
+    return [name for name in tables if _calls(line, _function(name))]
 
 
-def _refused_as_array(err: Exception) -> FrozenConstValueError | FrozenConstTypeError | None:
+_Refusal = FrozenConstValueError | FrozenConstTypeError | FrozenConstIndexError
+
+
+def _refused_as_array(err: Exception) -> _Refusal | None:
     """The fix at the place of use, when JAX refused a FrozenConst where it wants a jax.Array."""
     text = str(err)
+    refused: type[_Refusal]
     if isinstance(err, ValueError) and _JAX_REFUSAL in text:
-        refused: type[FrozenConstValueError | FrozenConstTypeError] = FrozenConstValueError
+        refused = FrozenConstValueError
     elif isinstance(err, TypeError) and any(words in text for words in _TYPE_REFUSALS):
         refused = FrozenConstTypeError
+    elif isinstance(err, IndexError) and _INDEX_REFUSAL in text:
+        refused = FrozenConstIndexError
     else:
         return None
     place, called = "an unknown place", []
@@ -377,15 +413,16 @@ def _refused_as_array(err: Exception) -> FrozenConstValueError | FrozenConstType
         tb = tb.tb_next
     there = (
         f" in the call to {', '.join(f'`{name}`' for name in called)}, which passes its argument to "
-        "`jax.lax` or takes it as a pytree without converting it"
+        "`jax.lax`, asks for its type or takes it as a pytree without converting it"
         if called
         else ""
     )
     return refused(
         f"JAX refused a value with `__jax_array__`, a FrozenConst for instance, where it takes only "
         f"a jax.Array, at {place}{there}: as an index (`a[idx]`, `a.at[idx]`), a `jax.lax` operand, "
-        "or the argument of a `jax.nn`/`jax.scipy` function that bypasses `jax.numpy` (docs/jax.md "
-        "lists them). JAX asks for the type of such a value before any public hook can answer. "
+        "the argument of a `jax.nn`/`jax.scipy` function that bypasses `jax.numpy`, or one of the "
+        "`jax.numpy` parameters that refuse one (docs/jax.md lists them). JAX checks the type of "
+        "such a value before it converts it. "
         "Convert it there with `jnp.asarray(...)`, which returns a FrozenConst's cached device "
         "buffer and copies nothing: `a[jnp.asarray(idx)]`, `lax.dynamic_slice(jnp.asarray(table), ...)`, "
         "`jax.nn.sigmoid(jnp.asarray(x))`. See docs/jax.md, Index tables."

@@ -489,6 +489,73 @@ def _find_ad_tracers() -> tuple[type, ...]:
 DIFFERENTIATED: tuple[type, ...] = _find_ad_tracers()
 
 
+# --- FrozenConst's type where JAX asks for it (`core.typeof`) ---
+# Reason: a few jax.numpy functions ask JAX for the type of an argument before
+# converting it: `jnp.bincount(x, weights)` reads `core.typeof(weights).sharding`
+# (jax 0.10.2 and 0.12.0.1 `numpy/lax_numpy.py`). `typeof` looks the value's
+# class up in the private table `jax._src.core.pytype_aval_mappings` (class ->
+# function returning the value's aval; the same on 0.6.2, 0.9.2, 0.10.2 and
+# 0.12.0.1) and refuses any other object with `__jax_array__`: "Triggering
+# __jax_array__() during abstractification is no longer supported" (issue #26).
+# Registered there, a FrozenConst's type is that of `x.__jax_array__()`: its
+# cached buffer's, or inside `frozenconst.jit` its parameter's. No public hook
+# answers `typeof`.
+# Only where `jax.lax` keeps refusing a FrozenConst (JEP 28661): on jax 0.10.2
+# and 0.12.0.1 `Primitive.bind` passes each operand through
+# `jax._src.dtypes.canonicalize_value`, which refuses `__jax_array__` objects,
+# before it asks `typeof`, so registering changes no `lax` call. On 0.9.2
+# `bind` asks `typeof` alone: registered, it would take the FrozenConst itself
+# as an operand and fail later in other words ("No constant handler"); on 0.6.2
+# `typeof` converts such an object itself, with a DeprecationWarning. There,
+# and on any other layout, nothing is registered (the fallback): the functions
+# that ask `typeof` first refuse a FrozenConst, as docs/jax.md lists, and
+# `jnp.asarray(x)` at the call is the fix.
+def _find_aval_table() -> dict[type, Callable[[Any], Any]] | None:
+    try:
+        from jax._src import core as _core
+        from jax._src import dtypes as _dtypes
+    except ImportError:  # pragma: no cover - newer JAX layouts
+        return None
+    table = getattr(_core, "pytype_aval_mappings", None)
+    bind = getattr(getattr(_core, "Primitive", None), "bind", None)
+    canonicalize = getattr(_dtypes, "canonicalize_value", None)
+    code = getattr(bind, "__code__", None)
+    if not isinstance(table, dict) or canonicalize is None or code is None:
+        return None
+    if not {"dtypes", "canonicalize_value", "typeof"} <= set(code.co_names):
+        return None  # `bind` does not refuse `__jax_array__` objects before asking their type
+
+    class _ArrayLike:  # what `canonicalize_value` must refuse: pure Python, no backend
+        def __jax_array__(self) -> Any:  # pragma: no cover - never called
+            raise AssertionError
+
+    try:
+        canonicalize(_ArrayLike())
+    except ValueError:
+        return table
+    except Exception:  # pragma: no cover - another JAX's answer
+        return None
+    return None  # pragma: no cover - it took the object
+
+
+_aval_table = _find_aval_table()
+
+
+def register_array_type(cls: type, to_array: Callable[[Any], Any]) -> bool:
+    """Have JAX's `core.typeof(x)` answer, for an instance of `cls`, the type of `to_array(x)`.
+
+    False where this JAX gets nothing registered (see above)."""
+    if _aval_table is None:
+        return False
+    typeof = jax.typeof  # public wherever the table is found (jax >= 0.10)
+
+    def aval(x: Any) -> Any:
+        return typeof(to_array(x))
+
+    _aval_table[cls] = aval
+    return True
+
+
 # The concrete mesh set by `jax.set_mesh` (or, before jax 0.7.2, by the
 # context manager `jax.sharding.use_mesh`), for a bare PartitionSpec and for a
 # constant that follows a multi-device computation's mesh.

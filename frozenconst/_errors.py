@@ -28,6 +28,15 @@ class FrozenConstValueError(ValueError):
     """
 
 
+class FrozenConstIndexError(IndexError):
+    """Raised by [`audit`][frozenconst.audit] where JAX refused a FrozenConst index with an `IndexError`.
+
+    On jax 0.10 and newer `a[idx]` with a FrozenConst `idx` raises JAX's
+    `IndexError`; the audit raises this instead, naming the place of use and the
+    fix, `a[jnp.asarray(idx)]` (docs: "Index tables").
+    """
+
+
 class NotAddressableError(FrozenConstValueError):
     """Raised when an operation needs slices of a constant that this process does not hold.
 
@@ -70,6 +79,7 @@ for _cls in (
     FrozenConstTypeError,
     TracedValueError,
     FrozenConstValueError,
+    FrozenConstIndexError,
     NotAddressableError,
     FrozenConstRuntimeError,
     CapturedNumpyConstantError,

@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 from numpy.typing import ArrayLike, DTypeLike
 
 from ._cache import Placement, Store, Use, owner_of
-from ._compat import DIFFERENTIATED, Tracer
+from ._compat import DIFFERENTIATED, Tracer, register_array_type
 from ._derived import Derived, warn_derived_copy
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._host import frozen_copy
@@ -744,3 +744,6 @@ _install_operators()
 jax.tree_util.register_pytree_with_keys(
     FrozenConst, FrozenConst.tree_flatten_with_keys, FrozenConst.tree_unflatten, FrozenConst.tree_flatten
 )
+# JAX's `core.typeof(x)` answers the cached buffer's type, where a jax.numpy function
+# asks it before converting (`jnp.bincount(x, weights)`); `jax.lax` still refuses (_compat).
+register_array_type(FrozenConst, FrozenConst.__jax_array__)

@@ -292,6 +292,61 @@ def test_ml_dtypes_categories_come_from_ml_dtypes_own_info(name):
     assert _compat.ml_dtypes_category(np.dtype(np.float32)) == ""
 
 
+def _jax_at_least(major, minor):
+    return tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (major, minor)
+
+
+def test_a_frozenconsts_type_is_registered_where_lax_still_refuses_it():
+    # Found on jax 0.10.2 and 0.12.0.1, where `Primitive.bind` refuses `__jax_array__`
+    # objects before asking their type; not on 0.6.2 and 0.9.2 (see `_compat`).
+    assert (_compat._aval_table is not None) is _jax_at_least(0, 10)
+    assert (_compat._find_aval_table() is not None) is _jax_at_least(0, 10)
+    x = FrozenConst(np.arange(3.0, dtype=np.float32))
+    if _compat._aval_table is not None:
+        assert jax.typeof(x) == jax.typeof(jnp.asarray(x))
+    with pytest.raises((ValueError, TypeError, DeprecationWarning), match="__jax_array__"):
+        jax.lax.neg(x)  # registered or not, jax.lax refuses it (JEP 28661)
+
+
+def _bind(body):
+    # A `Primitive.bind` whose code names what `body` names, as JAX's own does.
+    namespace = {}
+    exec(f"def bind(self, *args, **params):\n    {body}\n", namespace)
+    return namespace["bind"]
+
+
+def test_the_type_table_is_used_only_where_bind_refuses_array_likes_first(monkeypatch):
+    from jax._src import core, dtypes
+
+    # jax 0.9.2's order: the type of each operand first, no refusal before it.
+    monkeypatch.setattr(core.Primitive, "bind", _bind("return canonicalize_value(self, args, typeof(args))"))
+    assert _compat._find_aval_table() is None
+    # jax 0.10.2's and 0.12.0.1's: `dtypes.canonicalize_value` of each operand, then its type.
+    monkeypatch.setattr(core.Primitive, "bind", _bind("return typeof(dtypes.canonicalize_value(args))"))
+    refuses_first = hasattr(dtypes, "canonicalize_value")  # jax 0.6.2 has none
+    assert _compat._find_aval_table() is (core.pytype_aval_mappings if refuses_first else None)
+    if refuses_first:
+        # ... but only where that conversion refuses an object with `__jax_array__`.
+        monkeypatch.setattr(dtypes, "canonicalize_value", lambda value: value)
+        assert _compat._find_aval_table() is None
+
+
+def test_without_a_registered_type_the_functions_that_ask_it_refuse_and_asarray_fixes_them(monkeypatch):
+    # The fallback (and what runs on jax 0.6.2 and 0.9.2): nothing registered with JAX's
+    # `core.typeof`, so `jnp.bincount` refuses a FrozenConst `weights` in JAX's words; the
+    # fix docs/jax.md gives, `jnp.asarray(x)`, works; functions that convert first are unchanged.
+    x = FrozenConst(np.array([0.5, 2.0, 1.0], np.float32))
+    counts = jnp.array([0, 2, 2])
+    expected = jnp.bincount(counts, jnp.asarray(np.asarray(x)), length=3)
+    if _compat._aval_table is not None:
+        np.testing.assert_array_equal(jnp.bincount(counts, x, length=3), expected)
+        monkeypatch.delitem(_compat._aval_table, FrozenConst)  # JAX's own table; put back afterwards
+    with pytest.raises((ValueError, DeprecationWarning), match="__jax_array__"):
+        jnp.bincount(counts, x, length=3)
+    np.testing.assert_array_equal(jnp.bincount(counts, jnp.asarray(x), length=3), expected)
+    np.testing.assert_array_equal(jnp.sum(x), np.float32(3.5))
+
+
 # Every public hook removed from JAX before frozenconst is imported: what
 # `_compat` then finds, and a workload that touches each of them.
 _WITHOUT_PUBLIC_HOOKS = textwrap.dedent(

@@ -250,11 +250,12 @@ def test_at_updates_return_new_arrays_and_leave_the_constant():
     np.testing.assert_array_equal(np.asarray(x + 0), [0, 0, 0])
 
 
-# -- jax.numpy, jax.numpy.linalg, jax.numpy.fft: a sweep over public functions ------
+# -- jax.nn and jax.scipy: a sweep over public functions ----------------------------
 # Each public callable, on the first candidate and call form it accepts, gives for a
 # FrozenConst what it gives for the FrozenConst's cached buffer (`jnp.asarray(x)`):
 # same value, dtype, weak type, committed and sharding, eagerly and under `jax.jit`,
-# with the constants closed over and passed in as arguments.
+# with the constants closed over and passed in as arguments. (jax.numpy has its own
+# sweep, over each array parameter of every function: tests/test_numpy_sweep.py.)
 
 _CANDIDATES = {
     "matrix": np.array([[4.0, 1.0, 0.5], [1.0, 3.0, 0.2], [0.5, 0.2, 2.0]], np.float32),
@@ -376,21 +377,10 @@ def _sweep(module):
     return tested, mismatched
 
 
-@pytest.mark.slow  # a compile per function: a third of the suite's time
-@pytest.mark.parametrize("module", [jnp, jnp.linalg, jnp.fft], ids=["jnp", "linalg", "fft"])
-def test_every_numpy_function_accepts_a_frozenconst(module):
-    tested, mismatched = _sweep(module)
-    assert not mismatched, "\n".join(mismatched)
-    # The rest take no array of the candidates' kinds (or none a jax.Array is given in
-    # these call forms): 83% of jnp, 93% of linalg, 89% of fft on jax 0.6.2 to 0.12.
-    public = len(list(_public_functions(module)))
-    assert len(tested) >= 0.8 * public, f"{len(tested)} of {public} {module.__name__} functions exercised"
-
-
-# -- jax.nn and jax.scipy: the same sweep, over every public module -----------------
-# Each function gives for a FrozenConst what it gives for its cached buffer, or is one of
-# those that bypass jax.numpy, listed in `_audit` and docs/jax.md with the JAX versions on
-# which they refuse: on those versions the sweep finds exactly the listed ones.
+# Over every public module of jax.nn and jax.scipy, each function gives for a FrozenConst
+# what it gives for its cached buffer, or is one of those that bypass jax.numpy, listed in
+# `_audit` and docs/jax.md with the JAX versions on which they refuse: on those versions
+# the sweep finds exactly the listed ones.
 
 
 def _public_modules(package):
