@@ -59,7 +59,7 @@ def _block(fn: Callable[[], Any], n: int) -> float:
     jax = sys.modules.get("jax")  # imported already where a result can be a jax.Array
     array_type: Any = None if jax is None else jax.Array
     start = time.perf_counter()
-    out = None
+    out: Any = None
     for _ in range(n):
         out = fn()
     if array_type is not None and isinstance(out, array_type):
