@@ -9,9 +9,12 @@ passed to `jax.jit` as arguments, closed over as FrozenConsts by
 `frozenconst.jit`, fields of an `eqx.Module` under `eqx.filter_jit`, and
 `nnx.Variable`s of an `nnx.Module` under `nnx.jit`. Each pipeline runs in a
 process of its own (JAX reads it at import). Per-call times are medians of
-interleaved rounds (every variant once per round, in rotating order); ratios
-are per round against the better of `jax.jit`'s two forms in that round, then
-the median. First calls are timed on fresh functions (medians of three).
+interleaved rounds (every variant once per round, in an order shuffled each
+round), each a batch of calls whose last result is waited for
+(`block_until_ready`), so a time is what a call costs, not how fast calls
+enter JAX's dispatch queue; ratios are per round against the better of
+`jax.jit`'s two forms in that round, then the median. First calls are timed
+on fresh functions (medians of three).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -125,10 +129,14 @@ def measure(k: int, size: str, rounds: int) -> list[dict[str, Any]]:
     n = max(5, 4000 // max(k, 1)) if size == "16 B" else max(3, 400 // max(k, 1))
     names = list(calls)
     per_round: dict[str, list[float]] = {name: [] for name in names}
+    # In a fixed order some slots came out up to 1.6x slower, whichever variant
+    # sat there (measured on an accelerator host): a new order every round, seeded.
+    shuffle = random.Random(k).shuffle
     gc.disable()
     try:
-        for r in range(rounds):
-            order = names[r % len(names) :] + names[: r % len(names)]
+        for _ in range(rounds):
+            order = list(names)
+            shuffle(order)
             for name in order:
                 per_round[name].append(_block(calls[name], n))
     finally:

@@ -485,8 +485,9 @@ def plot(results: dict[str, Any], path: pathlib.Path) -> None:
 
 
 _INTERLEAVED = (
-    "Measured in one process, in {rounds} rounds of 1000 calls of each side, the two sides alternating "
-    "which goes first; the times are medians of the rounds, the ratio the median of the per-round ratios."
+    "Measured in one process, in {rounds} rounds of 1000 calls of each side (the last result of each "
+    "batch waited for), the two sides alternating which goes first; the times are medians of the "
+    "rounds, the ratio the median of the per-round ratios."
 )
 
 

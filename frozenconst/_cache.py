@@ -26,7 +26,7 @@ from numpy.typing import DTypeLike
 from . import _hoisting
 from ._compat import DEFAULT_DEVICE, X64, Device, Tracer, eval_context, renew_trace_contexts, user_stacklevel
 from ._convert import as_dtype, check_narrowing
-from ._dtypes import native
+from ._dtypes import follows_x64, native
 from ._errors import FrozenConstWarning
 from ._fingerprint import fingerprint
 from ._hoisting import next_serial
@@ -131,7 +131,9 @@ UseKey: TypeAlias = tuple[Sharding | None, Any, Any]
 def setting_key(sharding: Sharding | None) -> UseKey:
     """The key a use of a constant with this declared sharding has under the current settings.
 
-    The one place that builds it; `Store.array` inlines it (see there).
+    The one place that builds it; `Store.array` inlines it, and serves the default
+    placement of a constant whose device dtype x64 does not change under the
+    setting of `jax_default_device` alone (`Store._by_device`).
     """
     return (sharding, DEFAULT_DEVICE.value, X64.value)
 
@@ -186,15 +188,16 @@ class Store:
 
     __slots__ = (
         "__weakref__",
+        "_by_device",
         "_fingerprint",
         "_host",
         "_lock",
         "_made",
-        "_served",
         "device_dtypes",
         "dtype",
         "hits",
         "serial",
+        "served",
         "shape",
         "transfers",
     )
@@ -221,8 +224,16 @@ class Store:
         self.hits = 0
         self.transfers = 0
         LIVE.add(self)
-        # `setting_key` -> array: what each use gets, one dict lookup.
-        self._served: dict[UseKey, jax.Array] = {}
+        # What each use gets, one dict lookup: keyed by `setting_key`, except the
+        # default placement where x64 does not change the device dtype (`_by_device`).
+        self.served: dict[Any, jax.Array] = {}
+        # Whether the default placement is served under the `jax_default_device`
+        # setting alone: where x64 does not change the device dtype (float32 is
+        # the same buffer under both settings), the x64 read and the tuple key
+        # were a measurable part of a hit for nothing (`python -m benchmarks
+        # compare`, rows "cache hit ...: ratio to the one-slot floor").
+        # `FrozenConst.__jax_array__` and `tree_flatten` inline this hit.
+        self._by_device = self.home is None and not follows_x64(dtype)
         # (declared sharding or None, default device or None, device dtype) -> array:
         # the device buffers themselves.
         self._made: dict[tuple[Sharding | None, Device | None, np.dtype[Any]], jax.Array] = {}
@@ -309,17 +320,21 @@ class Store:
         It inlines `_hoisting.tracing()` and `setting_key()`, the one inlined
         copy of each: as calls they cost a measurable part of a hit (`python -m
         benchmarks compare`, rows "cache hit ...: ratio to the one-slot floor";
-        the figures are in `docs/results/`).
+        the figures are in `docs/results/`). For the same reason
+        `FrozenConst.__jax_array__` and `FrozenConst.tree_flatten` inline the
+        hit of the default placement (`_by_device`), and come here for the rest.
         """
         if traced and _hoisting.active and _hoisting.scope.frames:
             value = _hoisting.resolve(self, sharding)
             if value is not None:
                 return value
-        array = self._served.get((sharding, DEFAULT_DEVICE.value, X64.value))
+        setting = DEFAULT_DEVICE.value
+        key = setting if sharding is None and self._by_device else (sharding, setting, X64.value)
+        array = self.served.get(key)
         # A cached buffer can be deleted behind our back: by `Array.delete()`,
         # or by donation to a jitted function (`donate_argnums`).
         if array is None or array.is_deleted():
-            return self._fill(setting_key(sharding))
+            return self._fill(sharding, setting, key)
         if STATE.accounting:
             self.hits += 1
         return array
@@ -333,10 +348,12 @@ class Store:
             for store, _ in uses:
                 store.hits += 1
 
-    def _fill(self, key: UseKey) -> jax.Array:
-        sharding = self.home if key[0] is None else key[0]
+    def _fill(self, sharding: Sharding | None, setting: Any, key: Any) -> jax.Array:
+        """The device buffer for a use with `sharding` under the `jax_default_device`
+        `setting`, made where none is cached, and served from now on under `key`."""
+        sharding = self.home if sharding is None else sharding
         dtype = jax.dtypes.canonicalize_dtype(self.dtype)
-        device = _default_device(key[1]) if sharding is None else None
+        device = _default_device(setting) if sharding is None else None
         made = (sharding, device, dtype)
         with self._lock:
             array = self._made.get(made)
@@ -349,7 +366,7 @@ class Store:
                     return array
                 self._made[made] = array
                 OWNERS[id(array)] = self
-            self._served[key] = array
+            self.served[key] = array
             STATE.epoch += 1
         if lost:
             self._lost()
@@ -420,14 +437,14 @@ class Store:
         with self._lock:
             if sharding is None:
                 self._made.clear()
-                self._served.clear()
+                self.served.clear()
                 return
             device = next(iter(sharding.device_set)) if isinstance(sharding, SingleDeviceSharding) else None
             for made in [m for m in self._made if m[0] == sharding or (m[0] is None and m[1] == device)]:
                 del self._made[made]
             kept = {id(a) for a in self._made.values()}
-            for key in [k for k, a in self._served.items() if id(a) not in kept]:
-                del self._served[key]
+            for key in [k for k, a in self.served.items() if id(a) not in kept]:
+                del self.served[key]
 
     def lost_buffer(self) -> bool:
         """Whether one of the device buffers made for this constant was deleted since

@@ -16,7 +16,9 @@ methods, and neither the handle nor they branch on which kind it is.
 
 from __future__ import annotations
 
+import types
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -49,6 +51,9 @@ class Derived:
     __slots__ = ("__weakref__", "_frozen", "hits", "leaf", "serial")
 
     concrete = False
+    # As a store's (`Store.served`), read by `FrozenConst.__jax_array__`'s inlined
+    # cache hit: a derived value serves nothing from it, every use is `array`'s.
+    served: Mapping[Any, jax.Array] = types.MappingProxyType({})
 
     def __init__(self, leaf: Any) -> None:
         self.leaf = leaf

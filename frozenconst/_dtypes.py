@@ -143,6 +143,20 @@ def native(dtype: np.dtype[Any]) -> np.dtype[Any]:
     return dtype if dtype.isnative else dtype.newbyteorder("=")
 
 
+# The dtypes JAX narrows without x64 (`jax.dtypes.canonicalize_dtype`: int64 to
+# int32, uint64 to uint32, float64 to float32, complex128 to complex64), the
+# same table from jax 0.6.2 to 0.12.0.1; every other dtype is JAX's under both
+# settings (tests/test_cache.py checks the table against JAX's own answer).
+_NARROWED_WITHOUT_X64: frozenset[np.dtype[Any]] = frozenset(
+    np.dtype(t) for t in (np.int64, np.uint64, np.float64, np.complex128)
+)
+
+
+def follows_x64(dtype: np.dtype[Any]) -> bool:
+    """Whether JAX holds data of `dtype` in another dtype when x64 is off than when it is on."""
+    return dtype in _NARROWED_WITHOUT_X64
+
+
 def _suggestion(dtype: np.dtype[Any]) -> str:
     category = numeric_kind(dtype)
     if category == "f":

@@ -15,6 +15,7 @@ feeds is `_groups`'; one trace and how constants resolve in it, `_hoisting`'s;
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -56,14 +57,18 @@ class JitWrapped:
     """A function compiled by [`frozenconst.jit`][frozenconst.jit]. Call it like the original.
 
     What it holds: the user's function; `_jitted`, `jax.jit` of that function
-    with one parameter put first, the tuple of constants (`_make_traced`); and
+    with one parameter put first, the tuple of constants (`_make_traced`);
+    `_plain`, `jax.jit` of the same trace without that parameter, called as the
+    user calls it, for a configuration with no constant as a parameter; and
     `_constants` (`_groups.Constants`), what it knows of its constants: for each
     static configuration a `Group`, the constants that are parameters there, in order.
 
-    What one call does (`__call__`): find the call's group, take each of its
-    constants' cached device buffers (`Group.arrays`: the tuple fed last while
-    nothing changed, else a `Store.array` per constant), and call `_jitted` with
-    them in front of the arguments (`_call`).
+    What one call does (`__call__`): find the call's group; where it has no
+    constants (none reached, or each captured: `Constants.captures`), call
+    `_plain` with the arguments; else take each constant's cached device buffer
+    (`Group.arrays`: the tuple fed last while nothing changed, else a
+    `Store.array` per constant) and call `_jitted` with them in front of the
+    arguments (`_call`).
 
     How a newly met constant gets in: the trace that meets it lets it stand in
     as zeros (`_hoisting.resolve`) and notes it; at the end of the trace
@@ -92,6 +97,7 @@ class JitWrapped:
         "_jit_kwargs",
         "_jitted",
         "_kwargs",
+        "_plain",
     )
 
     def __init__(self, fun: Callable[..., Any], jit_kwargs: dict[str, Any]) -> None:
@@ -126,7 +132,7 @@ class JitWrapped:
             # come first and keep their own placement.
             kwargs["in_shardings"] = (None, *kwargs["in_shardings"])
         self._jit_kwargs = kwargs
-        self._jitted = compiled(_make_traced(fun, self._constants), kwargs, self._constants.static)
+        self._renew()
         self._constants.renew = weakref.WeakMethod(self._renew)
         functools.update_wrapper(self, fun)
 
@@ -134,12 +140,26 @@ class JitWrapped:
         # The outer `try` is `_tracebacks.boundary`, inlined (free until something raises).
         try:
             group = self._constants.single or self._constants.group(args, kwargs)
-            # Outside the inner `try`: inside another frozenconst.jit trace, feeding can
-            # stop that trace (`Rediscover`), which is the outer call's to handle.
-            consts = group.arrays(args, kwargs) if group.uses else _NOTHING
             # `_call`, inlined: as a call it made every call slower by more than
             # the 3% bound (`python -m benchmarks compare`, row "frozenconst.jit
             # per call: ratio to jax.jit").
+            if not group.uses:
+                # No constant is a parameter (each captured, or none reached): the
+                # arguments go to `jax.jit` as the user passed them. An empty tuple
+                # of constants in front cost about a tenth of `jax.jit`'s own call
+                # (issue #26: `python -m benchmarks constants`, 16 B constants).
+                try:
+                    return self._plain(*args, **kwargs)
+                except Rediscover:
+                    pass  # called again below: an error there is not raised "during handling" of this
+                except (RuntimeError, ValueError):
+                    if not self._constants.lost_captured():
+                        raise
+                    self._recapture()
+                return self._called_again(args, kwargs)
+            # Outside the inner `try`: inside another frozenconst.jit trace, feeding can
+            # stop that trace (`Rediscover`), which is the outer call's to handle.
+            consts = group.arrays(args, kwargs)
             if self._donation_clash:
                 consts = self._not_donated(consts, args, kwargs)
             try:
@@ -150,7 +170,7 @@ class JitWrapped:
                 if not self._constants.lost_captured():
                     return self._jitted(self._refed(consts, err, group, args, kwargs), *args, **kwargs)
                 self._recapture()
-            return self._again(lambda g, c: self._call(g, c, args, kwargs), args, kwargs)
+            return self._called_again(args, kwargs)
         except Exception as err:
             hide_own_frames(err)
             if isinstance(err, TypeError) and (
@@ -163,22 +183,34 @@ class JitWrapped:
                 )
             raise
 
+    def _called_again(self, args: Any, kwargs: Any) -> Any:
+        """The call made again, until no trace meets a new constant (`_again`). Not inlined in
+        `__call__`: a lambda there closing over the arguments made every call build cells."""
+        return self._again(lambda g, c: self._call(g, c, args, kwargs), args, kwargs)
+
     def _call(self, group: Group, consts: tuple[jax.Array, ...], args: Any, kwargs: Any) -> Any:
         """Run the compiled function with `consts` for `group`'s constants, then the arguments
         (the call made again after a trace met new constants; `__call__` inlines it)."""
         if self._donation_clash:
             consts = self._not_donated(consts, args, kwargs)
         try:
-            return self._jitted(consts, *args, **kwargs)
+            return self._run(consts, args, kwargs)
         except (RuntimeError, ValueError) as err:
             # XLA refuses a call before running it when a fed buffer was deleted
             # since (donated elsewhere) or is donated by this very call: feed
             # afresh, or a copy; where a buffer JAX captured was deleted, trace
             # again (`_recapture`). Any other error is the caller's.
             if not self._constants.lost_captured():
-                return self._jitted(self._refed(consts, err, group, args, kwargs), *args, **kwargs)
+                return self._run(self._refed(consts, err, group, args, kwargs), args, kwargs)
             self._recapture()
-            return self._jitted(group.arrays(args, kwargs), *args, **kwargs)
+            return self._run(group.arrays(args, kwargs), args, kwargs)
+
+    def _run(self, consts: tuple[jax.Array, ...], args: Any, kwargs: Any) -> Any:
+        """The compiled function called with `consts` in front of the arguments; `_plain` where
+        there are none, so that a configuration's programs live in one of the two (`__call__`)."""
+        if consts:
+            return self._jitted(consts, *args, **kwargs)
+        return self._plain(*args, **kwargs)
 
     def _again(self, step: Callable[[Group, tuple[jax.Array, ...]], Any], args: Any, kwargs: Any) -> Any:
         """`step(group, arrays)` with the call's group and its arrays, until no trace meets a new constant."""
@@ -238,11 +270,11 @@ class JitWrapped:
         )
 
     def _renew(self) -> None:
-        # A new traced function: JAX's caches of the old one (and the device
-        # buffers they captured) go with it.
-        self._jitted = compiled(
-            _make_traced(self._fun, self._constants), self._jit_kwargs, self._constants.static
-        )
+        # New traced functions: JAX's caches of the old ones (and the device
+        # buffers they captured) go with them.
+        traced = _make_traced(self._fun, self._constants)
+        self._jitted = compiled(traced, self._jit_kwargs, self._constants.static)
+        self._plain = jax.jit(_without_constants(traced, self._fun), **_user_jit_kwargs(self._kwargs))
 
     def __copy__(self) -> JitWrapped:
         # As `jax.jit`'s functions copy: a new compiled function of the same callable.
@@ -277,8 +309,7 @@ class JitWrapped:
 
     def _embedded(self) -> Any:
         """`jax.jit` of the function itself: its constants closed over, as a serialized program needs."""
-        kwargs = {k: v for k, v in self._kwargs.items() if k != "embed_max_bytes"}
-        return jax.jit(self._fun, **kwargs)
+        return jax.jit(self._fun, **_user_jit_kwargs(self._kwargs))
 
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
         """Like `jax.jit(f).eval_shape`: the output's shapes and dtypes, computing nothing."""
@@ -288,6 +319,7 @@ class JitWrapped:
         """Like `jax.jit(f).clear_cache`: drop the compiled executables (the constants stay known)."""
         # Public on every supported jax.jit function, missing from jax 0.10's stubs.
         self._jitted.clear_cache()  # type: ignore[attr-defined,unused-ignore]
+        self._plain.clear_cache()  # type: ignore[attr-defined,unused-ignore]
 
     @property
     def constants(self) -> int:
@@ -333,6 +365,26 @@ def _make_traced(fun: Callable[..., Any], constants: Constants) -> Callable[...,
     traced.__name__ = getattr(fun, "__name__", "traced")
     traced.__qualname__ = getattr(fun, "__qualname__", traced.__name__)
     return traced
+
+
+def _without_constants(traced: Callable[..., Any], fun: Callable[..., Any]) -> Callable[..., Any]:
+    """`traced` with no constants, taking `fun`'s own parameters: what `jax.jit` traces for a
+    configuration with no constant as a parameter (`JitWrapped._plain`)."""
+
+    def plain(*args: Any, **kwargs: Any) -> Any:
+        return traced(_NOTHING, *args, **kwargs)
+
+    with contextlib.suppress(TypeError, ValueError):  # no signature: jax.jit's own error, if any
+        # jax.jit maps `static_argnames`/`donate_argnames` to positions through it.
+        plain.__signature__ = inspect.signature(fun)  # type: ignore[attr-defined]
+    plain.__name__ = traced.__name__
+    plain.__qualname__ = traced.__qualname__
+    return plain
+
+
+def _user_jit_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The user's `jax.jit` keyword arguments, without frozenconst's own."""
+    return {k: v for k, v in kwargs.items() if k != "embed_max_bytes"}
 
 
 def _resolved(out: Any) -> Any:

@@ -122,7 +122,7 @@ def test_wrapping_a_wrapper_of_a_frozenconst_jit_function_runs_the_wrapper():
     np.testing.assert_array_equal(row_sums, np.full(8, 4.0, np.float32))
 
 
-@pytest.mark.parametrize("name", ["_constants", "_jitted", "_fun", "single", "_kwargs"])
+@pytest.mark.parametrize("name", ["_constants", "_jitted", "_plain", "_fun", "single", "_kwargs"])
 def test_a_callable_whose_attributes_share_our_names_is_run_as_it_is(name):
     class Scaled:
         def __call__(self, w):

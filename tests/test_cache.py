@@ -10,7 +10,8 @@ import pytest
 from helpers import enable_x64, live_copies, requires_cpu, unique_data
 
 import frozenconst
-from frozenconst import FrozenConst
+from frozenconst import FrozenConst, FrozenConstWarning
+from frozenconst._dtypes import SUPPORTED_DTYPES, follows_x64, supported
 
 
 def test_first_use_transfers_once_then_returns_the_same_array():
@@ -94,6 +95,42 @@ def test_x64_flip_never_returns_the_wrong_dtype():
     a = jnp.asarray(y)
     with enable_x64(True):
         assert jnp.asarray(y) is a
+
+
+# Every dtype this JAX holds: x64 keys the cache exactly where it changes the dtype.
+_HELD = sorted((d for d in SUPPORTED_DTYPES if supported(d)), key=lambda d: d.name)
+
+
+@pytest.mark.parametrize("dtype", _HELD, ids=str)
+def test_each_use_gets_the_dtype_jax_gives_under_each_x64_setting(dtype):
+    data = np.zeros(3, dtype)
+    x = FrozenConst(data)
+    given = {}
+    for x64 in (False, True, False):
+        with enable_x64(x64):
+            given[x64] = jnp.asarray(data).dtype  # JAX's own answer for the same data
+            (leaf,) = jax.tree_util.tree_leaves(x)  # what a jit argument gets
+            assert jnp.asarray(x).dtype == leaf.dtype == given[x64]
+    # The table that lets a hit skip reading x64 agrees with JAX.
+    assert follows_x64(np.dtype(dtype)) == (given[False] != given[True])
+
+
+def test_a_buffer_deleted_behind_our_back_is_refilled_for_every_form_of_use():
+    data = unique_data()
+    x = FrozenConst(data)
+    f = jax.jit(lambda v: v * 1)
+    uses = {
+        "jnp.asarray": lambda: jnp.asarray(x),
+        "a jit argument": lambda: f(x),
+        "an operator": lambda: x + 0,
+        "tree_leaves": lambda: jax.tree_util.tree_leaves(x)[0],
+    }
+    for name, use in uses.items():
+        jnp.asarray(x).delete()
+        with pytest.warns(FrozenConstWarning, match="was deleted"):
+            out = use()
+        np.testing.assert_array_equal(np.asarray(out), data, err_msg=name)
+    assert live_copies(data) == 1
 
 
 def test_sixteen_threads_cause_one_transfer():

@@ -80,7 +80,7 @@ def test_without_eval_context_constants_met_in_traces_are_cached_concrete(monkey
     assert_float32_close(inside, on_device(data) @ np.ones(3), np.abs(data).sum(1))
     assert not isinstance(eager, jax.core.Tracer)
     np.testing.assert_array_equal(np.asarray(eager), data)
-    assert not any(isinstance(a, jax.core.Tracer) for a in x._store._served.values())
+    assert not any(isinstance(a, jax.core.Tracer) for a in x._store.served.values())
     assert jnp.asarray(x) is eager  # cached from the first concrete transfer on
 
 

@@ -33,6 +33,27 @@ def test_per_constant_stats_count_transfers_hits_and_bytes():
     assert live_copies(data) == 1  # JAX agrees: one device copy
 
 
+def test_each_form_of_use_counts_one_hit():
+    x = FrozenConst(unique_data((8, 8)))
+    f = jax.jit(lambda v: v * 2)
+    w = jnp.ones((8, 8), jnp.float32)
+    uses = {
+        "x.__jax_array__()": lambda: x.__jax_array__(),
+        "a jit argument (one flatten)": lambda: f(x),
+        "tree_leaves": lambda: jax.tree_util.tree_leaves(x),
+        "an operator": lambda: x @ w,
+        "a reflected operator": lambda: w @ x,
+        "jnp.dot": lambda: jnp.dot(x, w),
+    }
+    for use in uses.values():
+        use()  # the first transfer, and whatever a first call of each costs
+    for name, use in uses.items():
+        before = x.stats().hits
+        use()
+        assert x.stats().hits == before + 1, name
+    assert x.stats().transfers == 1
+
+
 def test_zero_copy_is_reported_from_buffer_pointers():
     x = FrozenConst(unique_data((16, 16)))
     a = jnp.asarray(x)
