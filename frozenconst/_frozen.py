@@ -50,7 +50,10 @@ class FrozenConst(_StaticBase):
         obj: a NumPy array or scalar, a nested sequence of numbers, a concrete
             `jax.Array`, or another `FrozenConst` (which shares its buffers,
             no copy).
-        dtype: convert to this dtype while copying. Default: keep the dtype.
+        dtype: convert to this dtype while copying. Default: the dtype
+            `jnp.asarray(obj)` would have under the x64 setting now (float64 data
+            is held as float32 without x64), so the host holds what JAX computes
+            with. Pass `dtype=np.float64` to keep float64 on the host regardless.
         sharding: the declared sharding, which every use of this constant gets
             (`jnp` calls, jit arguments and `frozenconst.jit`): a `jax.Device`,
             a `Sharding`, or a `PartitionSpec` under `jax.set_mesh`. Default:
@@ -65,10 +68,10 @@ class FrozenConst(_StaticBase):
     Example:
         >>> import numpy as np, jax.numpy as jnp
         >>> from frozenconst import FrozenConst
-        >>> table = FrozenConst(np.arange(6.0).reshape(2, 3))
+        >>> table = FrozenConst(np.arange(6.0).reshape(2, 3))   # float64 data, x64 off
         >>> table
         FrozenConst([[0., 1., 2.],
-                     [3., 4., 5.]], dtype=float32, host_dtype=float64)
+                     [3., 4., 5.]], dtype=float32)
         >>> jnp.sum(table @ jnp.ones(3))
         Array(15., dtype=float32)
     """
@@ -141,7 +144,8 @@ class FrozenConst(_StaticBase):
                 first slice, which every slice must then have, as in
                 `jax.make_array_from_callback`. Each process infers its own, so pass
                 it where processes could disagree, and where none of `sharding`'s
-                devices is in this process (no slice to infer it from).
+                devices is in this process (no slice to infer it from). Without it,
+                slices are held as `jnp.asarray` holds them (float64 as float32 without x64).
 
         Raises:
             FrozenConstValueError: a slice of the wrong shape, the sharding does
@@ -458,7 +462,7 @@ class FrozenConst(_StaticBase):
         Example:
             >>> import numpy as np
             >>> from frozenconst import FrozenConst
-            >>> x = FrozenConst(np.arange(4.0))   # float64 data, x64 off
+            >>> x = FrozenConst(np.arange(4.0), dtype=np.float64)   # float64 kept on the host, x64 off
             >>> x.dtype, x.host_dtype
             (dtype('float32'), dtype('float64'))
         """
@@ -549,9 +553,11 @@ class FrozenConst(_StaticBase):
         # buffers are recreated on first use after unpickling, and the unpickled
         # copy is frozen again. The read-only host buffer itself is pickled: the
         # unpickled array is the caller's, and `FrozenConst` copies it.
+        # The dtype travels too: the host data is unpickled as it was held, whatever
+        # the x64 setting of the unpickling process (float64 stays float64).
         host = self._host("pickle.dumps(x)")
         if self._sharding is None:
-            return (FrozenConst, (host,))
+            return (FrozenConst, (host, host.dtype))
         return (_unpickle_placed, (host, _sharding_state(self._sharding)))
 
     def __format__(self, format_spec: str) -> str:
@@ -667,8 +673,8 @@ def _unpickle_placed(host: np.ndarray[Any, Any], state: tuple[Any, ...]) -> Froz
             FrozenConstWarning,
             stacklevel=2,
         )
-        return FrozenConst(host)
-    return FrozenConst(host, sharding=sharding)
+        return FrozenConst(host, host.dtype)
+    return FrozenConst(host, host.dtype, sharding=sharding)
 
 
 def adopt_host(host: np.ndarray[Any, Any]) -> FrozenConst:

@@ -30,7 +30,7 @@ import jax
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ._convert import as_dtype, check_castable, check_narrowing, to_numpy, value_check
+from ._convert import as_dtype, check_castable, check_narrowing, held_dtype, to_numpy, value_check
 from ._dtypes import native
 from ._errors import FrozenConstValueError
 
@@ -76,8 +76,15 @@ def frozen_copy(obj: Any, dtype: DTypeLike | None = None, what: str | None = Non
     """
     what = f"the `{type(obj).__name__}` it received" if what is None else what
     array = to_numpy(obj, dtype, what)
-    want = None if dtype is None else native(as_dtype(dtype))
-    if want is not None and want != array.dtype and isinstance(obj, (list, tuple, int, float, complex)):
+    if dtype is None:
+        # No dtype asked for: held as `jnp.asarray(obj)` holds it under the x64
+        # setting now (float64 as float32 without x64), so the host holds what JAX
+        # computes with, once. Integers JAX would wrap are refused, with the x64 advice.
+        want = held_dtype(array.dtype)
+        check_narrowing(array, want, what)
+    else:
+        want = native(as_dtype(dtype))
+    if want != array.dtype and isinstance(obj, (list, tuple, int, float, complex)):
         check_castable(array.dtype, want, what)
         check = value_check(array.dtype, want, what)
         if check is not None:

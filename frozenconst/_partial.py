@@ -25,7 +25,7 @@ from numpy.typing import DTypeLike
 
 from ._cache import Store
 from ._compat import Device
-from ._convert import as_dtype, check_narrowing, to_numpy
+from ._convert import as_dtype, check_narrowing, held_dtype, to_numpy
 from ._dtypes import check_dtype, native
 from ._errors import FrozenConstTypeError, FrozenConstValueError, NotAddressableError
 from ._host import freeze, freeze_parts, frozen_copy, human_bytes
@@ -246,10 +246,13 @@ class PartialStore(Store):
 def from_source(
     array: np.ndarray[Any, Any], dtype: DTypeLike | None, home: Sharding, what: str | None = None
 ) -> Store:
-    """A partial constant of the slices of `array` (memory-mapped) that this process's devices address."""
+    """A partial constant of the slices of `array` (memory-mapped) that this process's devices address.
+
+    Without `dtype`, held as `jnp.asarray` holds the data (float64 as float32 without x64).
+    """
     what = f"the `{type(array).__name__}` it received" if what is None else what
     view = to_numpy(array, dtype, what)  # validated, still a view of the map
-    want = native(view.dtype if dtype is None else as_dtype(dtype))
+    want = held_dtype(native(view.dtype)) if dtype is None else native(as_dtype(dtype))
     device_dtype = jax.dtypes.canonicalize_dtype(want)
     slices: dict[Bounds, np.ndarray[Any, Any]] = {}
     for key in _addressable(home, view.shape).values():
@@ -286,8 +289,9 @@ def from_callback(
 ) -> Store:
     """The store of `FrozenConst.from_callback`: partial where `sharding` spans several processes.
 
-    With `dtype` None, the dtype of the first slice returned, as
-    `jax.make_array_from_callback` takes it; every slice must then have it.
+    With `dtype` None, the dtype of the first slice returned (as `jnp.asarray` holds
+    it: float64 as float32 without x64), as `jax.make_array_from_callback` takes
+    it; every slice must then have it.
     """
     full = as_shape(shape)
     requested = want = None if dtype is None else native(as_dtype(dtype))

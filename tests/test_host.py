@@ -114,10 +114,11 @@ def test_dtype_conversion_semantics():
     ],
 )
 def test_accepts_numpy_values_scalars_and_sequences(obj):
+    # Held as `jnp.asarray(obj)` holds it: float64 and int64 data as float32 and int32 without x64.
     x = FrozenConst(obj)
-    expected = np.asarray(obj)
-    assert x.shape == expected.shape and x.host_dtype == expected.dtype
-    np.testing.assert_array_equal(np.asarray(x), expected)
+    expected = np.asarray(jnp.asarray(obj))
+    assert x.shape == expected.shape and x.host_dtype == x.dtype == expected.dtype
+    np.testing.assert_array_equal(np.asarray(x), expected, strict=True)
 
 
 @pytest.mark.parametrize(
@@ -151,8 +152,9 @@ def test_frozenconst_of_frozenconst_shares_buffer():
     y = FrozenConst(x)
     assert np.shares_memory(np.asarray(x), np.asarray(y))
     assert jnp.asarray(x) is jnp.asarray(y)
-    z = FrozenConst(x, dtype=np.float32)
-    assert z.dtype == np.float32 and not np.shares_memory(np.asarray(x), np.asarray(z))
+    assert FrozenConst(x, dtype=np.float32)._store is x._store  # the dtype it holds: no copy
+    z = FrozenConst(x, dtype=np.float16)
+    assert z.dtype == np.float16 and not np.shares_memory(np.asarray(x), np.asarray(z))
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,7 @@ def test_zero_copy_is_reported_from_buffer_pointers():
     a = jnp.asarray(x)
     aliased = a.unsafe_buffer_pointer() == np.asarray(x).ctypes.data
     assert x.stats().zero_copy is aliased
-    y = FrozenConst(np.arange(16, dtype=np.float64))  # narrowed to float32 on device: a copy
+    y = FrozenConst(np.arange(16), dtype=np.float64)  # float64 kept on the host, float32 on device: a copy
     jnp.asarray(y)
     assert y.stats().zero_copy is False
 
@@ -82,7 +82,9 @@ def test_fingerprint_is_content_identity():
     data = unique_data((8, 8))
     a, b = FrozenConst(data), FrozenConst(data.copy())
     assert a.fingerprint == b.fingerprint and a.fingerprint.startswith("sha256:")
-    assert a.fingerprint != FrozenConst(data.astype(np.float64)).fingerprint  # dtype counts
+    assert a.fingerprint != FrozenConst(data, dtype=np.float64).fingerprint  # dtype counts
+    # float64 data is held as float32 without x64 (as `jnp.asarray` holds it): the same content.
+    assert a.fingerprint == FrozenConst(data.astype(np.float64)).fingerprint
     assert a.fingerprint != FrozenConst(data.reshape(4, 16)).fingerprint  # shape counts
     changed = data.copy()
     changed[3, 3] += 1
@@ -98,7 +100,8 @@ def test_intern_shares_one_host_and_one_device_buffer():
     assert frozenconst.intern(a) is a
     assert jnp.asarray(a) is jnp.asarray(b)
     assert live_copies(data) == 1
-    assert frozenconst.intern(data.astype(np.float64)) is not a
+    assert frozenconst.intern(data, dtype=np.float64) is not a
+    assert frozenconst.intern(data.astype(np.float64)) is a  # held as float32 without x64: the same
 
 
 def test_intern_holds_constants_weakly():
