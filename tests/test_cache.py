@@ -12,6 +12,7 @@ from helpers import enable_x64, live_copies, requires_cpu, unique_data
 from frozenconst import FrozenConst
 
 
+@pytest.mark.host_memory
 def test_first_use_transfers_once_then_returns_the_same_array():
     data = unique_data()
     x = FrozenConst(data)
@@ -28,6 +29,7 @@ def test_first_use_transfers_once_then_returns_the_same_array():
     assert live_copies(data) == 1
 
 
+@pytest.mark.host_memory
 def test_mixed_eager_and_jitted_uses_leave_one_live_copy():
     data = unique_data()
     x = FrozenConst(data)
@@ -53,6 +55,7 @@ def test_mixed_eager_and_jitted_uses_leave_one_live_copy():
     ],
     ids=["jit", "grad", "vmap", "eval_shape", "scan", "make_jaxpr"],
 )
+@pytest.mark.host_memory
 def test_first_use_inside_a_trace_caches_a_concrete_buffer(first_use):
     data = unique_data()
     x = FrozenConst(data)
@@ -64,6 +67,7 @@ def test_first_use_inside_a_trace_caches_a_concrete_buffer(first_use):
     assert live_copies(data) == 1
 
 
+@pytest.mark.host_memory
 def test_default_device_is_followed():
     data = unique_data()
     x = FrozenConst(data)
@@ -95,6 +99,7 @@ def test_x64_flip_never_returns_the_wrong_dtype():
         assert jnp.asarray(y) is a
 
 
+@pytest.mark.host_memory
 def test_sixteen_threads_cause_one_transfer():
     data = unique_data((256, 256))
     x = FrozenConst(data)
@@ -114,6 +119,7 @@ def test_sixteen_threads_cause_one_transfer():
     assert live_copies(data) == 1
 
 
+@pytest.mark.host_memory
 def test_evict_drops_buffers_and_next_use_transfers_again():
     data = unique_data()
     x = FrozenConst(data)
@@ -126,6 +132,7 @@ def test_evict_drops_buffers_and_next_use_transfers_again():
     np.testing.assert_array_equal(np.asarray(b), data)
 
 
+@pytest.mark.host_memory
 def test_deleted_or_donated_buffer_is_transferred_again():
     data = unique_data()
     x = FrozenConst(data)
@@ -144,6 +151,7 @@ def test_delete_is_not_offered():
         x.delete()
 
 
+@pytest.mark.host_memory
 def test_garbage_collection_frees_device_buffers():
     data = unique_data()
     x = FrozenConst(data)

@@ -58,6 +58,7 @@ def test_single_device_placement_survives_a_round_trip():
     assert not np.asarray(y).flags.writeable
 
 
+@pytest.mark.host_memory
 def test_named_sharding_and_placed_handles_survive_a_round_trip():
     mesh = jax.make_mesh((1,), ("x",))
     sharding = NamedSharding(mesh, P("x", None))

@@ -13,6 +13,7 @@ import frozenconst
 from frozenconst import FrozenConst
 
 
+@pytest.mark.host_memory
 def test_per_constant_stats_count_transfers_hits_and_bytes():
     data = unique_data((32, 32))
     x = FrozenConst(data)
@@ -43,6 +44,7 @@ def test_zero_copy_is_reported_from_buffer_pointers():
     assert y.stats().zero_copy is False
 
 
+@pytest.mark.host_memory
 def test_global_stats_cover_live_constants_and_keep_counts_of_dead_ones():
     gc.collect()
     before = frozenconst.stats()
@@ -64,6 +66,7 @@ def test_global_stats_cover_live_constants_and_keep_counts_of_dead_ones():
     assert isinstance(after.to_dict()["device_bytes"], dict)
 
 
+@pytest.mark.host_memory
 def test_accounting_can_be_switched_off():
     x = FrozenConst(unique_data((4,)))
     x.__jax_array__()
@@ -104,6 +107,7 @@ def test_intern_shares_one_host_and_one_device_buffer():
     assert frozenconst.intern(data.astype(np.float64)) is a  # held as float32 without x64: the same
 
 
+@pytest.mark.host_memory
 def test_intern_holds_constants_weakly():
     data = unique_data((8, 8))
     fp = frozenconst.intern(data).fingerprint
