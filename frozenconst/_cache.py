@@ -210,10 +210,10 @@ class Store:
     ) -> None:
         # `host_memory` (validated, `_host.host_memory_choice`) says where the frozen
         # `host` lives from now on; `mapped`: it was copied from a memory map.
+        # Placed before `_setup`, which makes the store live (`LIVE`).
+        placed, pinned = host_buffer(host, host_memory, lambda: _default_device(DEFAULT_DEVICE.value), mapped)
         self._setup(host.shape, host.dtype)
-        self._host, self._pinned = host_buffer(
-            host, host_memory, lambda: _default_device(DEFAULT_DEVICE.value), mapped
-        )
+        self._host, self._pinned = placed, pinned
 
     def _setup(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
         self.shape: tuple[int, ...] = shape

@@ -314,10 +314,14 @@ def host_buffer(
     elif choice == "auto" and found.platform == "cpu":
         return host, None  # on CPU the device buffer aliases the pageable one: 1.00x, nothing to gain
     else:
-        placed = pin(host, found)
-        if placed is not None:
-            return placed
-        why = packed
+        try:
+            placed = pin(host, found)
+        except Exception as err:  # XLA's refusals (an allocation, a dtype) are errors of its own
+            why = f"JAX could not page-lock it ({type(err).__name__}: {str(err)[:120]})"
+        else:
+            if placed is not None:
+                return placed
+            why = packed
     if choice == "pinned":
         warn_degraded(
             f"`host_memory='pinned'` was asked for, but {why}: such constants keep their host copy in "

@@ -104,10 +104,11 @@ def test_auto_never_starts_a_backend_and_never_pins_a_memory_map(tmp_path):
     assert _host.host_buffer(host, "pageable", no_device) == (host, None)
     code = """
         import jax, numpy as np
-        from jax._src import xla_bridge
-        from frozenconst import FrozenConst
+        from frozenconst import FrozenConst, _compat
         x = FrozenConst(np.ones(1024))
-        assert not xla_bridge.backends_are_initialized(), "building a constant started JAX's backend"
+        assert not _compat.backends_started(), "building a constant started JAX's backend"
+        jax.devices()
+        assert _compat.backends_started(), "the probe cannot see a started backend"
         assert x.host_memory == "pageable"
         print("not started")
         """
@@ -374,3 +375,17 @@ def test_pinned_on_cpu_holds_one_host_copy_and_a_device_copy_after_first_use():
     )
     assert 0.9 * 8 * MIB <= m["built"] <= 1.1 * 8 * MIB + 2 * MIB, m  # one host copy, none kept beside it
     assert 0.9 * 16 * MIB <= m["used"] <= 1.1 * 16 * MIB + 2 * MIB, m  # plus the device copy
+
+
+@needs_pinned
+def test_a_refused_page_locked_allocation_leaves_the_constant_pageable(monkeypatch):
+    def refuse(host, device):
+        raise RuntimeError("RESOURCE_EXHAUSTED: out of pinned memory")
+
+    monkeypatch.setattr(_host, "pin", refuse)
+    frozenconst._compat.warn_degraded.cache_clear()
+    data = unique_data((8, 8))
+    with pytest.warns(frozenconst.FrozenConstWarning, match="could not page-lock it.*RESOURCE_EXHAUSTED"):
+        x = FrozenConst(data, host_memory="pinned")
+    assert x.host_memory == "pageable"
+    np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), data, strict=True)
