@@ -24,6 +24,7 @@ from helpers import (
     assert_float32_close,
     enable_x64,
     live_copies,
+    on_cpu,
     on_device,
     pinned_host_offered,
     run_bounded,
@@ -137,7 +138,7 @@ def test_without_page_locked_memory_pinned_is_pageable_and_said_once(monkeypatch
     assert x.host_memory == y.host_memory == x.stats().host_memory == "pageable"
     a = jnp.asarray(x)
     np.testing.assert_array_equal(np.asarray(a), data, strict=True)
-    if a.devices().pop().platform == "cpu":  # today's path: the device buffer aliases the host copy
+    if on_cpu():  # today's path: the device buffer aliases the host copy
         assert a.unsafe_buffer_pointer() == np.asarray(x).ctypes.data
     assert FrozenConst(data).host_memory == "pageable"  # auto asks nothing of the device, and says nothing
 
@@ -158,7 +159,7 @@ def test_without_an_uncommitted_wrapper_the_default_buffer_is_read_through_numpy
     assert committed.committed and committed.unsafe_buffer_pointer() == a.unsafe_buffer_pointer()
     assert live_copies(data) == 1
     # On CPU, JAX aliases the NumPy view of the page-locked copy (jax #37830) instead of copying it.
-    assert (a.unsafe_buffer_pointer() == np.asarray(x).ctypes.data) == (a.devices().pop().platform == "cpu")
+    assert (a.unsafe_buffer_pointer() == np.asarray(x).ctypes.data) == on_cpu()
 
 
 def test_without_knowing_whether_backends_started_auto_stays_pageable(monkeypatch):
