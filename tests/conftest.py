@@ -33,14 +33,16 @@ def needs_raw_numpy_lowering():
 
 def pytest_generate_tests(metafunc):
     if metafunc.definition.get_closest_marker("host_memory") is not None:
-        metafunc.fixturenames.append("_host_memory")
-        metafunc.parametrize("_host_memory", ["default", "pinned"], indirect=True)
+        metafunc.fixturenames.append("_host_memory_variant")
+        metafunc.parametrize("_host_memory_variant", ["default", "pinned"])
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def _host_memory(request, monkeypatch):
-    """A `host_memory` test's variant: "pinned" sets `FROZENCONST_HOST_MEMORY` (subprocesses inherit it)."""
-    mode = getattr(request, "param", "default")
+    """A `host_memory` test's variant ("default" for every other test): "pinned" sets
+    `FROZENCONST_HOST_MEMORY` for the test (subprocesses it starts inherit it)."""
+    callspec = getattr(request.node, "callspec", None)
+    mode = "default" if callspec is None else callspec.params.get("_host_memory_variant", "default")
     if mode == "pinned":
         if not pinned_host_offered():
             pytest.skip(

@@ -398,3 +398,14 @@ def test_a_refused_page_locked_allocation_leaves_the_constant_pageable(monkeypat
         x = FrozenConst(data, host_memory="pinned")
     assert x.host_memory == "pageable"
     np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), data, strict=True)
+
+
+@pytest.mark.host_memory
+def test_the_pinned_variant_of_a_marked_test_pins_every_constant(_host_memory):
+    # tests/conftest.py runs each `host_memory` test twice; this one checks that the
+    # second run is what it says (every constant page-locked), the first the default.
+    x = FrozenConst(np.ones(8, np.float32))
+    if _host_memory == "pinned":
+        assert x.host_memory == "pinned" and _page_locked_buffer(x) is not None
+    else:
+        assert x.host_memory == FrozenConst(np.ones(8, np.float32), host_memory="auto").host_memory
