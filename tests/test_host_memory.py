@@ -23,6 +23,7 @@ from helpers import (
     pinned_host_offered,
     requires_cpu,
     run_bounded,
+    run_processes,
     subprocess_env,
     unique_data,
 )
@@ -336,15 +337,20 @@ print(json.dumps({
 """
 
 
-def _measure(x64: bool, host_memory: str, dtype: str) -> dict:
+# (x64, host_memory, dtype) of every measurement, each in a CPU process of its own.
+_CASES = [(False, "pageable", "default"), (True, "pageable", "default"), (False, "pageable", "float64")]
+
+
+@pytest.fixture(scope="module")
+def measured():
+    """What each case's process measured, the processes run side by side (host RSS: CPU only)."""
     import json
 
-    args = ["x64" if x64 else "x32", host_memory, dtype]
-    rc, out = run_bounded(
-        [sys.executable, "-c", _RSS, *args], env=subprocess_env("cpu")
-    )  # host RSS: CPU only
-    assert rc == 0, out
-    return json.loads(out.strip().splitlines()[-1])
+    cases = _CASES + ([(False, "pinned", "default")] if pinned_host_offered() else [])
+    commands = [[sys.executable, "-c", _RSS, "x64" if x64 else "x32", h, d] for x64, h, d in cases]
+    codes, outputs = run_processes(commands)
+    assert codes == [0] * len(cases), outputs
+    return {case: json.loads(out.strip().splitlines()[-1]) for case, out in zip(cases, outputs, strict=True)}
 
 
 MIB = 1 << 20
@@ -352,11 +358,11 @@ MIB = 1 << 20
 
 @pytest.mark.subprocess
 @pytest.mark.parametrize("x64", [False, True], ids=["x64 off", "x64 on"])
-def test_numpys_default_dtype_costs_what_jax_holds_once(x64):
+def test_numpys_default_dtype_costs_what_jax_holds_once(measured, x64):
     # `FrozenConst(np.random.rand(2048, 1024))`: 16 MiB of float64 source. Held as
     # `jnp.asarray` holds it, and on CPU the device buffer aliases the host copy:
     # 8 MiB in all without x64, 16 MiB with it (README: "1.00x").
-    m = _measure(x64, "pageable", "default")
+    m = measured[(x64, "pageable", "default")]
     held = 16 * MIB if x64 else 8 * MIB
     assert (m["host_dtype"], m["device_dtype"]) == (("float64",) * 2 if x64 else ("float32",) * 2)
     assert (m["host_bytes"], m["device_bytes"], m["zero_copy"]) == (held, held, True)
@@ -365,8 +371,8 @@ def test_numpys_default_dtype_costs_what_jax_holds_once(x64):
 
 
 @pytest.mark.subprocess
-def test_float64_asked_for_without_x64_costs_both_copies():
-    m = _measure(False, "pageable", "float64")
+def test_float64_asked_for_without_x64_costs_both_copies(measured):
+    m = measured[(False, "pageable", "float64")]
     assert (m["host_dtype"], m["device_dtype"], m["zero_copy"]) == ("float64", "float32", False)
     assert (m["host_bytes"], m["device_bytes"]) == (16 * MIB, 8 * MIB)
     assert 0.9 * 24 * MIB <= m["used"] <= 1.1 * 24 * MIB + 2 * MIB, m
@@ -374,8 +380,8 @@ def test_float64_asked_for_without_x64_costs_both_copies():
 
 @pytest.mark.subprocess
 @needs_pinned
-def test_pinned_on_cpu_holds_one_host_copy_and_a_device_copy_after_first_use():
-    m = _measure(False, "pinned", "default")
+def test_pinned_on_cpu_holds_one_host_copy_and_a_device_copy_after_first_use(measured):
+    m = measured[(False, "pinned", "default")]
     assert (m["host_memory"], m["host_bytes"], m["device_bytes"], m["zero_copy"]) == (
         "pinned",
         8 * MIB,
