@@ -257,12 +257,12 @@ def host_memory_choice(value: object) -> HostMemory:
     """
     allowed = "'auto', 'pinned' or 'pageable'"
     if value is None:
-        setting = os.environ.get(HOST_MEMORY_VARIABLE, "")
+        setting = os.environ.get(HOST_MEMORY_VARIABLE)
+        if not setting:
+            return "auto"
         for choice in HOST_MEMORY_CHOICES:
             if setting == choice:
                 return choice
-        if not setting:
-            return "auto"
         raise FrozenConstValueError(
             f"The environment variable `{HOST_MEMORY_VARIABLE}` is {setting[:40]!r}, which FrozenConst "
             f"does not know: set it to {allowed} (the default for `host_memory=`), or unset it for 'auto'."
@@ -304,15 +304,15 @@ def host_buffer(
     if choice == "pageable" or (choice == "auto" and (mapped or not backends_started())):
         return host, None
     found = device()
-    packed = f"JAX packs {host.dtype} data there, so NumPy could read it only through a second copy"
+    if choice == "auto" and found.platform == "cpu":
+        return host, None  # on CPU the device buffer aliases the pageable one: 1.00x, nothing to gain
+    packed = "JAX packs {} data there, so NumPy could read it only through a second copy"
     if not offers_pinned_host(found):
         why = f"{found.platform} devices offer no page-locked (`pinned_host`) memory on jax {jax.__version__}"
     elif held_dtype(host.dtype) != host.dtype:
         why = f"JAX holds no {host.dtype} array while `jax_enable_x64` is off"
     elif host.dtype in _NOT_IN_PLACE:
-        why = packed
-    elif choice == "auto" and found.platform == "cpu":
-        return host, None  # on CPU the device buffer aliases the pageable one: 1.00x, nothing to gain
+        why = packed.format(host.dtype)
     else:
         try:
             placed = pin(host, found)
@@ -321,7 +321,7 @@ def host_buffer(
         else:
             if placed is not None:
                 return placed
-            why = packed
+            why = packed.format(host.dtype)
     if choice == "pinned":
         warn_degraded(
             f"`host_memory='pinned'` was asked for, but {why}: such constants keep their host copy in "
