@@ -24,13 +24,23 @@ from jax.sharding import Sharding, SingleDeviceSharding
 from numpy.typing import DTypeLike
 
 from . import _hoisting
-from ._compat import DEFAULT_DEVICE, X64, Device, Tracer, eval_context, renew_trace_contexts, user_stacklevel
+from ._compat import (
+    DEFAULT_DEVICE,
+    X64,
+    Device,
+    Tracer,
+    eval_context,
+    renew_trace_contexts,
+    uncommitted,
+    user_stacklevel,
+    warn_degraded,
+)
 from ._convert import as_dtype, check_narrowing
 from ._dtypes import follows_x64, native
 from ._errors import FrozenConstWarning
 from ._fingerprint import fingerprint
 from ._hoisting import next_serial
-from ._host import frozen_copy, human_bytes
+from ._host import HostMemory, freeze, frozen_copy, host_buffer, human_bytes
 from ._targets import Target, as_sharding
 
 _REPR_MAX_ELEMENTS = 64
@@ -193,6 +203,7 @@ class Store:
         "_host",
         "_lock",
         "_made",
+        "_pinned",
         "device_dtypes",
         "dtype",
         "hits",
@@ -202,14 +213,22 @@ class Store:
         "transfers",
     )
 
+    # The page-locked `jax.Array` whose memory `_host` views, or None (pageable memory).
+    _pinned: jax.Array | None
     # A constant with host data (`_derived.Derived` is not).
     concrete = True
     # Whether this process holds only some slices (`_partial.PartialStore`).
     partial = False
 
-    def __init__(self, host: np.ndarray[Any, Any]) -> None:
-        self._host = host
+    def __init__(
+        self, host: np.ndarray[Any, Any], host_memory: HostMemory = "pageable", mapped: bool = False
+    ) -> None:
+        # `host_memory` (validated, `_host.host_memory_choice`) says where the frozen
+        # `host` lives from now on; `mapped`: it was copied from a memory map.
+        # Placed before `_setup`, which makes the store live (`LIVE`).
+        placed, pinned = host_buffer(host, host_memory, lambda: _default_device(DEFAULT_DEVICE.value), mapped)
         self._setup(host.shape, host.dtype)
+        self._host, self._pinned = placed, pinned
 
     def _setup(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
         self.shape: tuple[int, ...] = shape
@@ -217,6 +236,7 @@ class Store:
         # `device_dtype()` under x64 off and on, each found on first need.
         self.device_dtypes: list[np.dtype[Any] | None] = [None, None]
         self.serial = next_serial()
+        self._pinned = None
         self._lock = threading.Lock()
         self._fingerprint: str | None = None
         # Accounting (`frozenconst.stats()`): uses served from the cache, and
@@ -270,6 +290,21 @@ class Store:
     def host_buffers(self) -> tuple[np.ndarray[Any, Any], ...]:
         """Every frozen host buffer this process holds for the constant."""
         return (self._host,)
+
+    @property
+    def host_memory(self) -> str:
+        """Where the host buffer lives: "pinned" (page-locked) or "pageable"."""
+        return "pageable" if self._pinned is None else "pinned"
+
+    def in_host_memory(self, host_memory: HostMemory) -> Store:
+        """The store of `FrozenConst(x, host_memory=...)`: this one where its host memory is what
+        `host_memory` asks for (`auto` takes either), else a copy in that memory."""
+        if host_memory in ("auto", self.host_memory):
+            return self
+        host = self.whole(f"FrozenConst(x, host_memory={host_memory!r})")
+        # To pinned: `host_buffer` copies into page-locked memory. To pageable: a fresh copy,
+        # never a view of the page-locked buffer (it lives as long as any view of it).
+        return Store(host if host_memory == "pinned" else freeze(host), host_memory)
 
     @property
     def host_nbytes(self) -> int:
@@ -392,6 +427,10 @@ class Store:
 
     def _transfer(self, sharding: Sharding | None, dtype: np.dtype[Any]) -> jax.Array:
         """A new device buffer (called under the lock)."""
+        if self._pinned is not None:
+            made = self._from_pinned(self._pinned, sharding, dtype)
+            if made is not None:
+                return made
         if sharding is None:
             # No `device` argument: the result stays uncommitted, like
             # `jnp.asarray(np_array)`, so it combines with arrays on any device.
@@ -425,6 +464,52 @@ class Store:
         # and puts it on every device, so the callback's calls undercount.
         self.transfers += len(made.addressable_shards)
         return made
+
+    def _from_pinned(
+        self, pinned: jax.Array, sharding: Sharding | None, dtype: np.dtype[Any]
+    ) -> jax.Array | None:
+        """A device buffer copied from the page-locked one by the device itself, or None where
+        the NumPy view serves instead (called under the lock).
+
+        `jax.device_put` of the page-locked `jax.Array` into the device memory of
+        its own device is a DMA copy; of a NumPy view of it, JAX stages the data
+        as pageable memory. So it serves one device's placements of the host
+        dtype: the default buffer (kept uncommitted, `_compat.uncommitted`) and
+        `x.on(device)`. Other devices, other memory kinds, sharded placements and
+        a dtype conversion (x64 switched since construction) take the NumPy view,
+        as does a page-locked buffer deleted behind our back.
+        """
+        if dtype != self.dtype or pinned.is_deleted():
+            return None
+        (home,) = pinned.devices()
+        if sharding is None:
+            if _default_device(DEFAULT_DEVICE.value) != home:
+                return None
+        elif not (
+            isinstance(sharding, SingleDeviceSharding)
+            and sharding.device_set == {home}
+            and sharding.memory_kind in (None, home.default_memory().kind)
+        ):
+            return None
+        existing = self._made.get((None, home, dtype)) if sharding is not None else None
+        if existing is not None and not existing.is_deleted():
+            committed: jax.Array = jax.device_put(existing, sharding)  # the same buffer, committed
+            return committed
+        array: jax.Array = jax.device_put(
+            pinned, SingleDeviceSharding(home) if sharding is None else sharding
+        )
+        if sharding is None:
+            free = uncommitted(array)
+            if free is None:
+                warn_degraded(
+                    "frozenconst cannot keep a default-device buffer made from page-locked memory "
+                    f"uncommitted on jax {jax.__version__}: such buffers are transferred from the host "
+                    "buffer's NumPy view instead, at pageable speed."
+                )
+                return None
+            array = free
+        self.transfers += 1
+        return array
 
     # -- eviction and what is cached ---------------------------------------------
 

@@ -556,6 +556,86 @@ def register_array_type(cls: type, to_array: Callable[[Any], Any]) -> bool:
     return True
 
 
+# --- page-locked host buffers (issue #28, docs/host-memory.md) ---
+# Whether a device offers page-locked host memory: public
+# `Device.addressable_memories()`, the memory kinds it addresses. On the CPU
+# backend jax 0.9.2, 0.10.2 and 0.12.0.1 list `device`, `pinned_host` and
+# `unpinned_host`; jax 0.6.2 lists only `unpinned_host`. Fallback: a device
+# without the method offers none, so constants stay in pageable memory (and an
+# explicit `host_memory="pinned"` says so once, see `_host.pinning_device`).
+def offers_pinned_host(device: Device) -> bool:
+    """Whether `device` addresses `pinned_host` memory (asked once per device)."""
+    key: Any = device  # every real device is hashable; the `Device` protocol does not say so
+    return _offers_pinned_host(key)
+
+
+@functools.cache
+def _offers_pinned_host(device: Any) -> bool:
+    memories = getattr(device, "addressable_memories", None)
+    if memories is None:  # pragma: no cover - every supported JAX has it
+        return False
+    return any(m.kind == "pinned_host" for m in memories())
+
+
+# Whether JAX's backends have started, asked without starting them:
+# `host_memory="auto"` consults the default device only then, so that building a
+# constant never starts a backend (`jax.distributed.initialize` and
+# `jax_num_cpu_devices` must come before that). Private
+# `jax._src.xla_bridge.backends_are_initialized` (checked on jax 0.6.2, 0.9.2,
+# 0.10.2 and 0.12.0.1); no public alternative (`jax.devices()` starts them).
+# Fallback: never started, so `auto` keeps constants pageable (`pinned` still pins).
+def _find_backends_started() -> Callable[[], bool]:
+    try:
+        from jax._src import xla_bridge
+    except ImportError:  # pragma: no cover - newer JAX layouts
+        return lambda: False
+    found: Any = getattr(xla_bridge, "backends_are_initialized", None)
+    if not callable(found):  # pragma: no cover - every supported JAX has it
+        return lambda: False
+    return lambda: bool(found())
+
+
+backends_started: Callable[[], bool] = _find_backends_started()
+
+
+# A default-device buffer made from a page-locked host buffer must stay
+# uncommitted, as `jnp.asarray(np_array)` is (it follows `jax.default_device` and
+# combines with arrays on any device). `jax.device_put` of a `jax.Array` to a
+# sharding always commits its result (`_device_put_sharding_impl` in
+# jax/_src/dispatch.py), and no public call makes an uncommitted array of an
+# existing buffer. Private: `jax._src.array.ArrayImpl(aval, sharding, [buffer],
+# committed=False)` wraps the same device buffer, uncommitted (checked on jax
+# 0.6.2, 0.9.2, 0.10.2 and 0.12.0.1; tried once, on first need). Fallback: None,
+# and the caller transfers from the NumPy view of the host buffer, which JAX
+# reads as pageable memory (correct, at pageable speed), saying so once.
+_uncommitted_impl: Callable[..., Any] | None = None
+_uncommitted_tried = False
+
+
+def uncommitted(array: Any) -> Any:
+    """`array` (a committed single-device `jax.Array`) uncommitted, over the same buffer; or None."""
+    global _uncommitted_impl, _uncommitted_tried
+    if not _uncommitted_tried:
+        _uncommitted_tried = True
+        try:
+            from jax._src.array import ArrayImpl
+
+            _uncommitted_impl = ArrayImpl
+        except ImportError:  # pragma: no cover - newer JAX layouts
+            _uncommitted_impl = None
+    if _uncommitted_impl is None:
+        return None
+    try:
+        made = _uncommitted_impl(array.aval, array.sharding, [array], committed=False)
+    except Exception:  # a changed private constructor: any failure means "cannot"
+        _uncommitted_impl = None
+        return None
+    if made.committed or made.unsafe_buffer_pointer() != array.unsafe_buffer_pointer():  # pragma: no cover
+        _uncommitted_impl = None
+        return None
+    return made
+
+
 # The concrete mesh set by `jax.set_mesh` (or, before jax 0.7.2, by the
 # context manager `jax.sharding.use_mesh`), for a bare PartitionSpec and for a
 # constant that follows a multi-device computation's mesh.

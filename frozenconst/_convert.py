@@ -107,6 +107,19 @@ def value_check(
     return check
 
 
+def held_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """The dtype `jnp.asarray` holds data of `dtype` in under the x64 setting now: without
+    x64, float64 as float32, int64 as int32, uint64 as uint32, complex128 as complex64.
+
+    Example:
+        >>> import numpy as np
+        >>> held_dtype(np.dtype(np.float64)), held_dtype(np.dtype(np.float16))   # x64 off
+        (dtype('float32'), dtype('float16'))
+    """
+    held: np.dtype[Any] = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    return held
+
+
 def check_narrowing(host: np.ndarray[Any, Any], device_dtype: DTypeLike, what: str = "its host data") -> None:
     """Raise unless JAX can transfer `host` as `device_dtype` without changing a value's integer.
 

@@ -31,7 +31,8 @@ def _from_state(template: FrozenConst, state: Any) -> FrozenConst:
             # The template's own constant holds these bytes: keep it (its device
             # buffers too), as `tree_unflatten` keeps a constant rebuilt from its buffer.
             return template
-    return FrozenConst(restored)
+    # In the dtype it was saved in (float64 stays float64 whatever the x64 setting here).
+    return FrozenConst(restored, restored.dtype)
 
 
 def register_flax() -> None:

@@ -17,7 +17,7 @@ from ._cache import STATE, Placement, Store, Use, owner_of
 from ._compat import DEFAULT_DEVICE, DIFFERENTIATED, Tracer, register_array_type
 from ._derived import Derived, warn_derived_copy
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
-from ._host import frozen_copy
+from ._host import HostMemory, frozen_copy, host_memory_choice
 from ._partial import as_shape, from_callback, from_source, lazily_sliceable, spans_processes
 from ._stats import ConstStats, const_stats
 from ._targets import Target, as_sharding
@@ -51,25 +51,35 @@ class FrozenConst(_StaticBase):
         obj: a NumPy array or scalar, a nested sequence of numbers, a concrete
             `jax.Array`, or another `FrozenConst` (which shares its buffers,
             no copy).
-        dtype: convert to this dtype while copying. Default: keep the dtype.
+        dtype: convert to this dtype while copying. Default: the dtype
+            `jnp.asarray(obj)` would have under the x64 setting now (float64 data
+            is held as float32 without x64), so the host holds what JAX computes
+            with. Pass `dtype=np.float64` to keep float64 on the host regardless.
         sharding: the declared sharding, which every use of this constant gets
             (`jnp` calls, jit arguments and `frozenconst.jit`): a `jax.Device`,
             a `Sharding`, or a `PartitionSpec` under `jax.set_mesh`. Default:
             follow `jax.default_device`. See [`placed`][frozenconst.FrozenConst.placed].
+        host_memory: where the host copy lives: `"pinned"` (page-locked, which an
+            accelerator reads by DMA), `"pageable"`, or `"auto"`: page-locked
+            where JAX's running backend is an accelerator that offers it, else
+            pageable (on CPU the device buffer aliases the host copy). Default:
+            the environment variable `FROZENCONST_HOST_MEMORY`, else `"auto"`.
+            See [Host memory](host-memory.md).
 
     Raises:
         FrozenConstTypeError: `obj` is not numeric data JAX can hold (object,
             string, bytes, structured or datetime dtypes, masked arrays).
         TracedValueError: `obj` is a traced value (inside `jit`, `grad`, ...).
-        FrozenConstValueError: `obj` is a ragged nested sequence.
+        FrozenConstValueError: `obj` is a ragged nested sequence, or `host_memory`
+            (or `FROZENCONST_HOST_MEMORY`) is not one of the three choices.
 
     Example:
         >>> import numpy as np, jax.numpy as jnp
         >>> from frozenconst import FrozenConst
-        >>> table = FrozenConst(np.arange(6.0).reshape(2, 3))
+        >>> table = FrozenConst(np.arange(6.0).reshape(2, 3))   # float64 data, x64 off
         >>> table
         FrozenConst([[0., 1., 2.],
-                     [3., 4., 5.]], dtype=float32, host_dtype=float64)
+                     [3., 4., 5.]], dtype=float32)
         >>> jnp.sum(table @ jnp.ones(3))
         Array(15., dtype=float32)
     """
@@ -92,11 +102,18 @@ class FrozenConst(_StaticBase):
         dtype: DTypeLike | None = None,
         *,
         sharding: Target | None = None,
+        host_memory: HostMemory | None = None,
     ) -> None:
         declared = None
+        choice = host_memory_choice(host_memory)
         if isinstance(obj, FrozenConst):
-            # The same store where the dtype is the same (no copy), else a frozen copy.
+            # The same store where the dtype is the same (no copy), else a frozen
+            # copy, placed in host memory as any new constant is.
             store = obj._store.with_dtype(dtype)
+            if store is not obj._store:
+                store = Store(store.host, choice)
+            elif host_memory is not None:
+                store = store.in_host_memory(choice)
         elif (
             sharding is not None
             and lazily_sliceable(obj)
@@ -104,11 +121,11 @@ class FrozenConst(_StaticBase):
         ):
             # A memory-mapped source placed across processes: this process
             # freezes only the slices its devices address.
-            store = from_source(obj, dtype, declared)  # type: ignore[arg-type]
+            store = from_source(obj, dtype, declared, host_memory=choice)  # type: ignore[arg-type]
         else:
             # Validated (bad kinds, values the dtype cannot hold, integers JAX
             # would wrap on the device under the current x64 setting), copied once.
-            store = Store(frozen_copy(obj, dtype))
+            store = Store(frozen_copy(obj, dtype), choice, mapped=lazily_sliceable(obj))
         if declared is None:
             declared = store.home if sharding is None else store.declare(sharding)
         self._init(store, declared)
@@ -121,6 +138,7 @@ class FrozenConst(_StaticBase):
         data_callback: Callable[[tuple[slice, ...]], ArrayLike],
         *,
         dtype: DTypeLike | None = None,
+        host_memory: HostMemory | None = None,
     ) -> FrozenConst:
         """A constant built slice by slice, as `jax.make_array_from_callback` builds an array.
 
@@ -142,7 +160,11 @@ class FrozenConst(_StaticBase):
                 first slice, which every slice must then have, as in
                 `jax.make_array_from_callback`. Each process infers its own, so pass
                 it where processes could disagree, and where none of `sharding`'s
-                devices is in this process (no slice to infer it from).
+                devices is in this process (no slice to infer it from). Without it,
+                slices are held as `jnp.asarray` holds them (float64 as float32 without x64).
+            host_memory: as for `FrozenConst`, for a constant assembled whole; a
+                constant whose sharding spans several processes keeps its slices
+                in pageable memory (and `"pinned"` says so once).
 
         Raises:
             FrozenConstValueError: a slice of the wrong shape, the sharding does
@@ -163,7 +185,8 @@ class FrozenConst(_StaticBase):
         """
         full = as_shape(shape)
         declared = as_sharding(sharding, full)
-        return cls._of(from_callback(full, declared, data_callback, dtype), declared)
+        choice = host_memory_choice(host_memory)
+        return cls._of(from_callback(full, declared, data_callback, dtype, choice), declared)
 
     def _init(self, store: Store | Derived, sharding: jax.sharding.Sharding | None) -> None:
         self._store = store
@@ -386,6 +409,20 @@ class FrozenConst(_StaticBase):
         return const_stats(self._store.constant("stats"))
 
     @property
+    def host_memory(self) -> str:
+        """Where the host copy lives: `"pinned"` (page-locked) or `"pageable"`.
+
+        What `host_memory="auto"` (the default) chose; see [Host memory](host-memory.md).
+
+        Example:
+            >>> import numpy as np
+            >>> from frozenconst import FrozenConst
+            >>> FrozenConst(np.ones(4), host_memory="pageable").host_memory
+            'pageable'
+        """
+        return self._store.constant("host_memory").host_memory
+
+    @property
     def is_concrete(self) -> bool:
         """Whether this is a constant with host data (False for a traced or transformed value)."""
         return self._store.concrete
@@ -492,7 +529,7 @@ class FrozenConst(_StaticBase):
         Example:
             >>> import numpy as np
             >>> from frozenconst import FrozenConst
-            >>> x = FrozenConst(np.arange(4.0))   # float64 data, x64 off
+            >>> x = FrozenConst(np.arange(4.0), dtype=np.float64)   # float64 kept on the host, x64 off
             >>> x.dtype, x.host_dtype
             (dtype('float32'), dtype('float64'))
         """
@@ -583,9 +620,11 @@ class FrozenConst(_StaticBase):
         # buffers are recreated on first use after unpickling, and the unpickled
         # copy is frozen again. The read-only host buffer itself is pickled: the
         # unpickled array is the caller's, and `FrozenConst` copies it.
+        # The dtype travels too: the host data is unpickled as it was held, whatever
+        # the x64 setting of the unpickling process (float64 stays float64).
         host = self._host("pickle.dumps(x)")
         if self._sharding is None:
-            return (FrozenConst, (host,))
+            return (FrozenConst, (host, host.dtype))
         return (_unpickle_placed, (host, _sharding_state(self._sharding)))
 
     def __format__(self, format_spec: str) -> str:
@@ -701,13 +740,14 @@ def _unpickle_placed(host: np.ndarray[Any, Any], state: tuple[Any, ...]) -> Froz
             FrozenConstWarning,
             stacklevel=2,
         )
-        return FrozenConst(host)
-    return FrozenConst(host, sharding=sharding)
+        return FrozenConst(host, host.dtype)
+    return FrozenConst(host, host.dtype, sharding=sharding)
 
 
 def adopt_host(host: np.ndarray[Any, Any]) -> FrozenConst:
-    """A constant over `host`, a buffer `frozen_copy` made: no further copy."""
-    return FrozenConst._of(Store(host))  # pyright: ignore[reportPrivateUsage] - its own class's constructor
+    """A constant over `host`, a buffer `frozen_copy` made: no further copy (pageable), or
+    its copy in page-locked memory where the default host memory says so."""
+    return FrozenConst._of(Store(host, host_memory_choice(None)))  # pyright: ignore[reportPrivateUsage] - its own class's constructor
 
 
 def use_of(x: FrozenConst) -> Use:

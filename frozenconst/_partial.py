@@ -24,11 +24,11 @@ from jax.sharding import Sharding, SingleDeviceSharding
 from numpy.typing import DTypeLike
 
 from ._cache import Store
-from ._compat import Device
-from ._convert import as_dtype, check_narrowing, to_numpy
+from ._compat import Device, warn_degraded
+from ._convert import as_dtype, check_narrowing, held_dtype, to_numpy
 from ._dtypes import check_dtype, native
 from ._errors import FrozenConstTypeError, FrozenConstValueError, NotAddressableError
-from ._host import freeze, freeze_parts, frozen_copy, human_bytes
+from ._host import HostMemory, freeze, freeze_parts, frozen_copy, human_bytes
 from ._targets import Target
 
 # An index as (start, stop) per axis: hashable, and the same for equal slices
@@ -160,6 +160,16 @@ class PartialStore(Store):
         for part in self.slices.values():
             check_narrowing(part, dtype)
 
+    @property
+    def host_memory(self) -> str:
+        """Always "pageable": each slice is frozen where `_host.freeze` puts it (see `pageable`)."""
+        return "pageable"
+
+    def in_host_memory(self, host_memory: HostMemory) -> Store:
+        """This store: its slices stay in pageable memory (`pageable` says so once for "pinned")."""
+        pageable(host_memory)
+        return self
+
     def held(self) -> str:
         """The slices held, in words."""
         if not self.slices:
@@ -243,13 +253,36 @@ class PartialStore(Store):
         return jax.make_array_from_single_device_arrays(self.shape, sharding, arrays, dtype=dtype)
 
 
+def pageable(host_memory: HostMemory) -> None:
+    """Say once, where "pinned" was asked for, that a partial constant's slices stay pageable.
+
+    Each slice would need its own page-locked buffer on the device that reads it,
+    and the finer placements served by views of a slice (`PartialStore.parts`)
+    would need JAX to slice page-locked memory; neither is built (docs/host-memory.md).
+    """
+    if host_memory == "pinned":
+        warn_degraded(
+            "`host_memory='pinned'` was asked for a constant whose sharding spans several processes: "
+            "its slices stay in pageable memory, and transfers read them at pageable speed "
+            "(docs/host-memory.md)."
+        )
+
+
 def from_source(
-    array: np.ndarray[Any, Any], dtype: DTypeLike | None, home: Sharding, what: str | None = None
+    array: np.ndarray[Any, Any],
+    dtype: DTypeLike | None,
+    home: Sharding,
+    what: str | None = None,
+    host_memory: HostMemory = "pageable",
 ) -> Store:
-    """A partial constant of the slices of `array` (memory-mapped) that this process's devices address."""
+    """A partial constant of the slices of `array` (memory-mapped) that this process's devices address.
+
+    Without `dtype`, held as `jnp.asarray` holds the data (float64 as float32 without x64).
+    """
+    pageable(host_memory)
     what = f"the `{type(array).__name__}` it received" if what is None else what
     view = to_numpy(array, dtype, what)  # validated, still a view of the map
-    want = native(view.dtype if dtype is None else as_dtype(dtype))
+    want = held_dtype(native(view.dtype)) if dtype is None else native(as_dtype(dtype))
     device_dtype = jax.dtypes.canonicalize_dtype(want)
     slices: dict[Bounds, np.ndarray[Any, Any]] = {}
     for key in _addressable(home, view.shape).values():
@@ -283,11 +316,13 @@ def from_callback(
     sharding: Sharding,
     data_callback: Callable[[Index], Any],
     dtype: DTypeLike | None,
+    host_memory: HostMemory = "pageable",
 ) -> Store:
     """The store of `FrozenConst.from_callback`: partial where `sharding` spans several processes.
 
-    With `dtype` None, the dtype of the first slice returned, as
-    `jax.make_array_from_callback` takes it; every slice must then have it.
+    With `dtype` None, the dtype of the first slice returned (as `jnp.asarray` holds
+    it: float64 as float32 without x64), as `jax.make_array_from_callback` takes
+    it; every slice must then have it. `host_memory` places a whole constant.
     """
     full = as_shape(shape)
     requested = want = None if dtype is None else native(as_dtype(dtype))
@@ -318,7 +353,8 @@ def from_callback(
         )
     if not spans_processes(sharding):
         # Every slice is here: one whole buffer, as `FrozenConst(array)` holds.
-        return Store(freeze_parts(full, want, [(_index(k), p) for k, p in slices.items()]))
+        return Store(freeze_parts(full, want, [(_index(k), p) for k, p in slices.items()]), host_memory)
+    pageable(host_memory)
     return PartialStore(full, want, sharding, slices, "`FrozenConst.from_callback`")
 
 

@@ -19,8 +19,12 @@ class ConstStats:
 
     Attributes:
         host_bytes: bytes of the frozen host buffer (of a constant bigger than one
-            host: of the slices this process holds).
-        device_bytes: bytes of cached device buffers, per device.
+            host: of the slices this process holds), counted once whether it is
+            pageable or page-locked.
+        host_memory: where the host buffer lives: `"pinned"` (page-locked) or `"pageable"`.
+        device_bytes: bytes of cached device buffers, per device (device memory:
+            a copy made from a page-locked host buffer counts here, the host
+            buffer itself does not).
         transfers: host-to-device transfers made so far: one per device buffer
             filled from the host data (a placement on N devices counts N,
             replicated or sharded).
@@ -35,6 +39,7 @@ class ConstStats:
     """
 
     host_bytes: int
+    host_memory: str
     device_bytes: Mapping[Device, int]
     transfers: int
     hits: int
@@ -54,6 +59,7 @@ class Stats:
         live_constants: constants alive now (constants sharing one buffer count once).
         host_bytes: bytes of their frozen host buffers in this process (a constant
             bigger than one host counts the slices this process holds).
+        pinned_bytes: of those, bytes in page-locked memory (`host_memory="pinned"`).
         device_bytes: bytes of their cached device buffers, per device.
         aliased_bytes: of those, bytes that alias the host buffers (CPU zero-copy).
         transfers: host-to-device transfers made, by these and by constants
@@ -63,6 +69,7 @@ class Stats:
 
     live_constants: int
     host_bytes: int
+    pinned_bytes: int
     device_bytes: Mapping[Device, int]
     aliased_bytes: int
     transfers: int
@@ -133,6 +140,7 @@ def const_stats(store: Store) -> ConstStats:
     buffers = _buffers(arrays)
     return ConstStats(
         host_bytes=store.host_nbytes,
+        host_memory=store.host_memory,
         device_bytes=types.MappingProxyType(_per_device(buffers)),
         transfers=store.transfers,
         hits=store.hits,
@@ -168,6 +176,7 @@ def stats() -> Stats:
     return Stats(
         live_constants=len(stores),
         host_bytes=sum(s.host_nbytes for s in stores),
+        pinned_bytes=sum(s.host_nbytes for s in stores if s.host_memory == "pinned"),
         device_bytes=types.MappingProxyType(_per_device(buffers)),
         aliased_bytes=aliased,
         transfers=STATE.retired_transfers + sum(s.transfers for s in stores),

@@ -183,7 +183,9 @@ def frozen_consts(
         values = elements if elements is not None else _elements(dt, allow_nan)
         drawn_dtype = dt if native else (np.int64 if _is_integer(dt) else np.float32)
         data = draw(hnp.arrays(drawn_dtype, sh, elements=values))
-        return FrozenConst(data if native else data.astype(dt))
+        # `dtype=`: the drawn dtype on the host, float64 too without x64 (where `FrozenConst(data)`
+        # would hold float32, as `jnp.asarray` does).
+        return FrozenConst(data if native else data.astype(dt), dtype=dt)
 
     return build()
 

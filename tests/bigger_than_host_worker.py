@@ -319,6 +319,20 @@ def edges(path):
         assert int(total.addressable_shards[0].data) == int(data.sum())
         assert "holds [:, :]" in repr(z), repr(z)
 
+    # -- host_memory="pinned": the slices of a partial constant stay pageable, said once
+    frozenconst._compat.warn_degraded.cache_clear()
+    with pytest.warns(frozenconst.FrozenConstWarning, match="spans several processes") as record:
+        pinned = (
+            FrozenConst(np.load(small, mmap_mode="r"), sharding=rows, host_memory="pinned"),
+            FrozenConst.from_callback(data.shape, rows, lambda index: data[index], host_memory="pinned"),
+        )
+    assert sum(issubclass(r.category, frozenconst.FrozenConstWarning) for r in record) == 1
+    for p in pinned:
+        assert p.host_memory == p.stats().host_memory == "pageable"
+        assert p.stats().host_bytes == data.nbytes // jax.process_count()
+        for shard in jnp.asarray(p).addressable_shards:
+            np.testing.assert_array_equal(np.asarray(shard.data), data[shard.index], strict=True)
+
 
 if __name__ == "__main__":
     main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])

@@ -158,17 +158,32 @@ def jax_donates_closed_over_buffers() -> bool:
     return True
 
 
+@functools.cache
+def pinned_host_offered() -> bool:
+    """Whether the default device offers page-locked host memory (`host_memory="pinned"`
+    pins there): the CPU backend of jax 0.9.2 and later does, 0.6.2's does not."""
+    return any(m.kind == "pinned_host" for m in jax.devices()[0].addressable_memories())
+
+
+def in_device_memory(arr: jax.Array) -> bool:
+    """Whether `arr` lives in its devices' own memory: not a page-locked host copy."""
+    kind = arr.sharding.memory_kind
+    return kind is None or all(kind == d.default_memory().kind for d in arr.sharding.device_set)
+
+
 def live_copies(data: np.ndarray) -> int:
     """Distinct device buffers JAX holds right now whose contents equal `data`.
 
     Observed through JAX alone (`jax.live_arrays()`). Two `jax.Array` objects over
     one buffer (same device, same `unsafe_buffer_pointer()`) are one copy: jax
     0.10 keeps a second handle on a closed-over array's buffer while compiling.
+    A constant's page-locked host copy (`host_memory="pinned"`) is host memory,
+    not a device copy.
     """
     gc.collect()
     buffers = set()
     for arr in jax.live_arrays():
-        if arr.is_deleted() or arr.shape != data.shape:
+        if arr.is_deleted() or arr.shape != data.shape or not in_device_memory(arr):
             continue
         if np.array_equal(np.asarray(arr), np.asarray(data, dtype=arr.dtype), equal_nan=True):
             for shard in arr.addressable_shards:

@@ -10,7 +10,7 @@ import gc  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from helpers import SIMPLIFIED, assert_float32_close  # noqa: E402
+from helpers import SIMPLIFIED, assert_float32_close, in_device_memory  # noqa: E402
 from jax.sharding import NamedSharding, SingleDeviceSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
@@ -27,6 +27,8 @@ def _buffers_holding(data):
     gc.collect()
     found = set()
     for arr in jax.live_arrays():
+        if not in_device_memory(arr):  # a page-locked host copy (`host_memory="pinned"`)
+            continue
         for shard in arr.addressable_shards:
             piece = np.asarray(shard.data)
             if (
@@ -42,6 +44,7 @@ def test_four_devices():
     assert jax.device_count() == 4
 
 
+@pytest.mark.host_memory
 def test_sharded_placement_holds_a_quarter_per_device():
     data = _data()
     x = FrozenConst(data)
@@ -57,6 +60,7 @@ def test_sharded_placement_holds_a_quarter_per_device():
     assert {tuple(sorted(p.device_bytes.values())) for p in x.placements} == {(data.nbytes // 4,) * 4}
 
 
+@pytest.mark.host_memory
 def test_cache_is_keyed_on_sharding_equality():
     x = FrozenConst(_data())
     a = x.on(NamedSharding(jax.make_mesh((4,), ("x",)), P("x")))
@@ -67,6 +71,7 @@ def test_cache_is_keyed_on_sharding_equality():
     assert len(x.placements) == 2
 
 
+@pytest.mark.host_memory
 def test_replicated_placement_and_partition_spec_under_set_mesh():
     data = _data(seed=1)
     x = FrozenConst(data)
@@ -83,6 +88,7 @@ def test_replicated_placement_and_partition_spec_under_set_mesh():
         x.on(P("a"))
 
 
+@pytest.mark.host_memory
 def test_device_and_single_device_sharding_are_one_placement():
     data = _data(seed=2)
     x = FrozenConst(data)
@@ -92,6 +98,7 @@ def test_device_and_single_device_sharding_are_one_placement():
     assert a.devices() == {d2} and a.committed
 
 
+@pytest.mark.host_memory
 def test_default_placement_follows_default_device_one_buffer_each():
     data = _data(seed=3)
     x = FrozenConst(data)
@@ -106,6 +113,7 @@ def test_default_placement_follows_default_device_one_buffer_each():
     assert len(_buffers_holding(data)) == 2
 
 
+@pytest.mark.host_memory
 def test_evict_one_placement_or_all():
     data = _data(seed=4)
     x = FrozenConst(data)
@@ -123,6 +131,22 @@ def test_evict_one_placement_or_all():
     assert len(_buffers_holding(data)) == 0
 
 
+@pytest.mark.host_memory
+def test_the_default_buffer_combines_with_arrays_on_any_device(_host_memory):
+    data = _data(seed=7)
+    x = FrozenConst(data)
+    assert x.host_memory == ("pinned" if _host_memory == "pinned" else "pageable")
+    d2 = jax.devices()[2]
+    other = jax.device_put(np.ones(data.shape, np.float32), d2)
+    total = jnp.asarray(x) + other  # uncommitted: moves to the committed operand's device
+    assert total.devices() == {d2}
+    np.testing.assert_array_equal(np.asarray(total), data + 1)
+    with jax.default_device(jax.devices()[1]):  # another device than the host copy's: read through NumPy
+        np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), data, strict=True)
+        assert jnp.asarray(x).devices() == {jax.devices()[1]}
+    assert x.stats().transfers == 2
+
+
 def test_bad_targets():
     x = FrozenConst(_data(rows=6))
     mesh = jax.make_mesh((4,), ("x",))
@@ -135,6 +159,7 @@ def test_bad_targets():
     assert x.placements == ()
 
 
+@pytest.mark.host_memory
 def test_sharded_computation_closed_over_and_as_argument():
     data = _data(seed=5)
     x = FrozenConst(data)
@@ -155,6 +180,7 @@ def test_sharded_computation_closed_over_and_as_argument():
     )
 
 
+@pytest.mark.host_memory
 def test_declared_sharding_is_used_everywhere():
     data = _data(seed=6)
     mesh = jax.make_mesh((4,), ("x",))
@@ -218,6 +244,7 @@ def test_on_inside_frozenconst_jit_runs_wherever_jax_jit_runs():
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.host_memory
 def test_device_bytes_count_the_default_buffer_whole_when_a_shard_aliases_its_start():
     # On CPU both the default buffer and the first row shard can alias the start
     # of the frozen host buffer: one address, two sizes. The default buffer's

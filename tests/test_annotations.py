@@ -3,7 +3,10 @@
 Runtime annotation checkers (jaxtyping with beartype), `np.dtype(x)` and
 `jnp.issubdtype(x.dtype, ...)` judge a FrozenConst as they judge the cached
 `jax.Array` it stands for, under x64 off and on; the host data's dtype stays
-reachable as `x.host_dtype`.
+reachable as `x.host_dtype`. Without `dtype=`, the host holds what
+`jnp.asarray(obj)` holds under the x64 setting at construction (float64 data as
+float32 without x64), and keeps it, as such a `jax.Array` does; `dtype=np.float64`
+keeps float64 on the host, and then `x.dtype` follows the x64 setting.
 """
 
 import pickle
@@ -97,8 +100,8 @@ def test_annotation_verdicts_follow_jax_over_dtypes_shapes_and_x64(dtype, shape,
             assert jnp.issubdtype(x.dtype, kind) == jnp.issubdtype(array.dtype, kind)
 
 
-def test_float64_data_is_float32_without_x64_and_float64_with_it():
-    x = FrozenConst(np.arange(4.0))
+def test_float64_host_data_is_float32_without_x64_and_float64_with_it():
+    x = FrozenConst(np.arange(4.0), dtype=np.float64)  # asked for: float64 stays on the host
     float32 = _checker(jaxtyping.Float32[Array | FrozenConst, "4"])
     float64 = _checker(jaxtyping.Float64[Array | FrozenConst, "4"])
     with enable_x64(False):
@@ -111,13 +114,28 @@ def test_float64_data_is_float32_without_x64_and_float64_with_it():
         assert repr(x) == "FrozenConst([0., 1., 2., 3.], dtype=float64)"
 
 
+@pytest.mark.parametrize("x64", [False, True])
+def test_without_dtype_the_host_holds_what_jnp_asarray_holds_and_keeps_it(x64):
+    data = np.arange(4.0)
+    with enable_x64(x64):
+        x, array = FrozenConst(data), jnp.asarray(data)
+        assert x.host_dtype == x.dtype == array.dtype == (np.float64 if x64 else np.float32)
+        assert np.asarray(x).dtype == array.dtype and x.nbytes == x.stats().host_bytes == array.nbytes
+    with enable_x64(not x64):
+        if x64:  # float64 on the host: on devices JAX's rules apply at the time of use
+            assert x.dtype == jnp.asarray(x).dtype == np.float32 != array.dtype
+        else:  # float32 on the host: like that jax.Array, the constant keeps what it holds
+            assert x.dtype == array.dtype == jnp.asarray(x).dtype == np.float32
+            assert _verdicts(x) == _verdicts(array)
+
+
 def test_the_host_side_keeps_the_host_dtype():
     data = np.arange(4.0)
-    x = FrozenConst(data)
+    x = FrozenConst(data, dtype=np.float64)
     with enable_x64(False):
         assert np.asarray(x).dtype == np.float64  # the frozen host view, no copy, no narrowing
         assert pickle.loads(pickle.dumps(x)).host_dtype == np.float64
-        assert x.fingerprint == FrozenConst(data).fingerprint != FrozenConst(data, np.float32).fingerprint
+        assert x.fingerprint == FrozenConst(data, np.float64).fingerprint != FrozenConst(data).fingerprint
         assert frozenconst.intern(x, dtype=np.float64) is frozenconst.intern(x)
         # `dtype=` asks for a host dtype: float64 is what x holds, so no copy.
         assert FrozenConst(x, dtype=np.float64)._store is x._store
@@ -138,10 +156,13 @@ def test_dtype_follows_a_config_change_as_the_buffers_do():
     code = """
         import jax, jax.numpy as jnp, numpy as np
         from frozenconst import FrozenConst
-        x = FrozenConst(np.arange(4.0))
-        assert x.dtype == jnp.asarray(x).dtype == np.float32, x.dtype
+        x = FrozenConst(np.arange(4.0), dtype=np.float64)
+        held = FrozenConst(np.arange(4.0))  # held as jnp.asarray holds it: float32, and kept
+        array = jnp.asarray(np.arange(4.0))
+        assert x.dtype == jnp.asarray(x).dtype == held.dtype == array.dtype == np.float32, x.dtype
         jax.config.update("jax_enable_x64", True)
         assert x.dtype == jnp.asarray(x).dtype == np.float64, x.dtype
+        assert held.dtype == jnp.asarray(held).dtype == array.dtype == np.float32, held.dtype
         print("followed")
         """
     rc, out = run_bounded([sys.executable, "-c", textwrap.dedent(code)], env=subprocess_env())

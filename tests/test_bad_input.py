@@ -201,8 +201,12 @@ def test_64_bit_integers_inside_the_narrow_range_are_held():
     with enable_x64(False):
         data = np.array([-(2**31), 0, 2**31 - 1])
         x = FrozenConst(data)
-        assert (x.host_dtype, x.dtype) == (np.int64, np.int32)
+        assert (x.host_dtype, x.dtype) == (np.int32, np.int32)  # held as `jnp.asarray` holds it
+        np.testing.assert_array_equal(np.asarray(x), data)
         np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), data)
+        wide = FrozenConst(data, dtype=np.int64)  # asked for: int64 on the host, int32 on devices
+        assert (wide.host_dtype, wide.dtype) == (np.int64, np.int32)
+        np.testing.assert_array_equal(np.asarray(jnp.asarray(wide)), data)
 
 
 def test_check_narrowing():
@@ -270,9 +274,12 @@ def test_float_narrowing_rounds_and_overflows_to_inf_as_jnp_asarray_does():
     with enable_x64(False), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # "overflow encountered in cast", from both
         x = FrozenConst([1e300, -1e300, 1.1])
-        assert (x.host_dtype, x.dtype) == (np.float64, np.float32)  # the host keeps float64
-        np.testing.assert_array_equal(np.asarray(x), [1e300, -1e300, 1.1])
-        device = jnp.asarray(x)
+        assert (x.host_dtype, x.dtype) == (np.float32, np.float32)  # held as `jnp.asarray` holds it
+        np.testing.assert_array_equal(_bits(x), _bits(jnp.asarray([1e300, -1e300, 1.1])))
+        wide = FrozenConst([1e300, -1e300, 1.1], dtype=np.float64)  # asked for: the host keeps float64
+        assert (wide.host_dtype, wide.dtype) == (np.float64, np.float32)
+        np.testing.assert_array_equal(np.asarray(wide), [1e300, -1e300, 1.1])
+        device = jnp.asarray(wide)
         np.testing.assert_array_equal(_bits(device), _bits(jnp.asarray([1e300, -1e300, 1.1])))
         np.testing.assert_array_equal(np.asarray(device)[:2], [np.inf, -np.inf])
         y = FrozenConst([1e300], dtype=np.float16)

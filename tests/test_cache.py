@@ -14,6 +14,7 @@ from frozenconst import FrozenConst, FrozenConstWarning
 from frozenconst._dtypes import SUPPORTED_DTYPES, follows_x64, supported
 
 
+@pytest.mark.host_memory
 def test_first_use_transfers_once_then_returns_the_same_array():
     data = unique_data()
     x = FrozenConst(data)
@@ -30,6 +31,7 @@ def test_first_use_transfers_once_then_returns_the_same_array():
     assert live_copies(data) == 1
 
 
+@pytest.mark.host_memory
 def test_mixed_eager_and_jitted_uses_leave_one_live_copy():
     data = unique_data()
     x = FrozenConst(data)
@@ -55,6 +57,7 @@ def test_mixed_eager_and_jitted_uses_leave_one_live_copy():
     ],
     ids=["jit", "grad", "vmap", "eval_shape", "scan", "make_jaxpr"],
 )
+@pytest.mark.host_memory
 def test_first_use_inside_a_trace_caches_a_concrete_buffer(first_use):
     data = unique_data()
     x = FrozenConst(data)
@@ -66,6 +69,7 @@ def test_first_use_inside_a_trace_caches_a_concrete_buffer(first_use):
     assert live_copies(data) == 1
 
 
+@pytest.mark.host_memory
 def test_default_device_is_followed():
     data = unique_data()
     x = FrozenConst(data)
@@ -84,7 +88,7 @@ def test_default_device_is_followed():
 
 
 def test_x64_flip_never_returns_the_wrong_dtype():
-    x = FrozenConst(np.arange(4, dtype=np.float64))
+    x = FrozenConst(np.arange(4), dtype=np.float64)  # float64 on the host, whatever x64 says
     assert jnp.asarray(x).dtype == jnp.float32
     with enable_x64(True):
         assert jnp.asarray(x).dtype == jnp.float64
@@ -133,6 +137,7 @@ def test_a_buffer_deleted_behind_our_back_is_refilled_for_every_form_of_use():
     assert live_copies(data) == 1
 
 
+@pytest.mark.host_memory
 def test_sixteen_threads_cause_one_transfer():
     data = unique_data((256, 256))
     x = FrozenConst(data)
@@ -152,6 +157,7 @@ def test_sixteen_threads_cause_one_transfer():
     assert live_copies(data) == 1
 
 
+@pytest.mark.host_memory
 def test_evict_drops_buffers_and_next_use_transfers_again():
     data = unique_data()
     x = FrozenConst(data)
@@ -164,6 +170,7 @@ def test_evict_drops_buffers_and_next_use_transfers_again():
     np.testing.assert_array_equal(np.asarray(b), data)
 
 
+@pytest.mark.host_memory
 def test_deleted_or_donated_buffer_is_transferred_again():
     data = unique_data()
     x = FrozenConst(data)
@@ -184,6 +191,7 @@ def test_delete_is_not_offered():
         x.delete()
 
 
+@pytest.mark.host_memory
 def test_garbage_collection_frees_device_buffers():
     data = unique_data()
     x = FrozenConst(data)

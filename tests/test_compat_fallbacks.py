@@ -25,7 +25,10 @@ from helpers import (
     SIMPLIFIED,
     assert_float32_close,
     enable_x64,
+    live_copies,
+    on_cpu,
     on_device,
+    pinned_host_offered,
     run_bounded,
     subprocess_env,
     unique_data,
@@ -33,7 +36,7 @@ from helpers import (
 from hypothesis import strategies as st
 
 import frozenconst
-from frozenconst import FrozenConst, FrozenConstWarning, _cache, _compat, _groups, _hoisting, _targets
+from frozenconst import FrozenConst, FrozenConstWarning, _cache, _compat, _groups, _hoisting, _host, _targets
 
 
 @pytest.fixture(autouse=True)
@@ -176,6 +179,53 @@ def test_without_a_clear_caches_hook_it_is_said_once(monkeypatch):
         frozenconst.jit(lambda w: c + w)
     assert len(_degraded(record)) == 1
     np.testing.assert_array_equal(np.asarray(f(jnp.ones(3))), np.asarray(c))
+
+
+def test_without_page_locked_memory_pinned_is_pageable_and_said_once(monkeypatch):
+    # What jax 0.6.2 runs (its CPU devices offer no `pinned_host`); forced on any other.
+    if pinned_host_offered():
+        monkeypatch.setattr(_host, "offers_pinned_host", lambda device: False)
+    data = unique_data((16, 16))
+    with pytest.warns(FrozenConstWarning, match="offer no page-locked") as record:
+        x = FrozenConst(data, host_memory="pinned")
+        y = FrozenConst(data + 1, host_memory="pinned")
+    assert len(_degraded(record)) == 1
+    assert x.host_memory == y.host_memory == x.stats().host_memory == "pageable"
+    a = jnp.asarray(x)
+    np.testing.assert_array_equal(np.asarray(a), data, strict=True)
+    if on_cpu():  # today's path: the device buffer aliases the host copy
+        assert a.unsafe_buffer_pointer() == np.asarray(x).ctypes.data
+    assert FrozenConst(data).host_memory == "pageable"  # auto asks nothing of the device, and says nothing
+
+
+def test_without_an_uncommitted_wrapper_the_default_buffer_is_read_through_numpy(monkeypatch):
+    if not pinned_host_offered():
+        pytest.skip(f"jax {jax.__version__}'s CPU devices offer no pinned_host memory")
+    monkeypatch.setattr(_cache, "uncommitted", lambda array: None)
+    data = unique_data((16, 16))
+    x = FrozenConst(data, host_memory="pinned")
+    with pytest.warns(FrozenConstWarning, match="cannot keep a default-device buffer") as record:
+        a = jnp.asarray(x)
+        FrozenConst(data + 1, host_memory="pinned").__jax_array__()
+    assert len(_degraded(record)) == 1
+    assert not a.committed and jnp.asarray(x) is a
+    np.testing.assert_array_equal(np.asarray(a), data, strict=True)
+    committed = x.on(jax.devices()[0])  # committing the default buffer: the same buffer
+    assert committed.committed and committed.unsafe_buffer_pointer() == a.unsafe_buffer_pointer()
+    assert live_copies(data) == 1
+    # On CPU, JAX aliases the NumPy view of the page-locked copy (jax #37830) instead of copying it.
+    assert (a.unsafe_buffer_pointer() == np.asarray(x).ctypes.data) == on_cpu()
+
+
+def test_without_knowing_whether_backends_started_auto_stays_pageable(monkeypatch):
+    monkeypatch.setattr(_host, "backends_started", lambda: False)
+
+    def no_device():
+        raise AssertionError("auto asked for the default device")
+
+    host = np.ones(4, np.float32)
+    assert _host.host_buffer(host, "auto", no_device) == (host, None)
+    assert FrozenConst(host).host_memory == "pageable"
 
 
 def test_trace_contexts_carried_by_the_source_file_pattern(monkeypatch):

@@ -43,6 +43,7 @@ _CPU_SCRIPTS = {
     ("test_metadata.py", "_MIXING"),
     ("test_pickle_placement.py", "_SCRIPT"),
     ("test_lifetimes.py", "_GROWTH"),
+    ("test_host_memory.py", "_RSS"),
 }
 # Reads that hold on every device, each with why.
 _NEUTRAL = {

@@ -20,7 +20,7 @@ def test_the_key_is_hashed_from_the_frozen_copy(monkeypatch):
     # Deterministic: the caller writes its array right after the content is
     # hashed. Hashing the caller's array, then copying it, would give a
     # constant whose key describes bytes it does not hold.
-    src = np.arange(1000.0)
+    src = np.arange(1000.0, dtype=np.float32)  # the dtype the constant holds: no conversion to blur it
     original = src.copy()
     real = fingerprint
     calls = []
@@ -56,7 +56,8 @@ def test_a_non_contiguous_input_is_copied_once(monkeypatch):
     # The hash read the frozen copy itself: contiguous, so `fingerprint` made no copy of it.
     assert array.flags.c_contiguous and np.shares_memory(array, np.asarray(c))
     np.testing.assert_array_equal(np.asarray(c), src)
-    assert frozenconst.intern(np.ascontiguousarray(src)) is c
+    assert frozenconst.intern(np.ascontiguousarray(src), dtype=np.float64) is c
+    assert frozenconst.intern(np.ascontiguousarray(src)) is not c  # held as float32 without x64
 
 
 def test_a_concurrent_writer_never_makes_a_key_lie():

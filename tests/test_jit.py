@@ -50,6 +50,7 @@ def test_program_holds_no_constant_data(n_uses):
     assert large_hlo <= 1.05 * baseline
 
 
+@pytest.mark.host_memory
 def test_results_identical_to_jax_jit():
     x = FrozenConst(unique_data((32, 16)))
     w = jnp.asarray(unique_data((16, 8)))
@@ -135,6 +136,7 @@ def test_inner_functions_traced_under_frozenconst_jit_never_leak_tracers():
     frozenconst.jit(lambda w: inner(w) * 2)(w).block_until_ready()
 
 
+@pytest.mark.host_memory
 def test_one_device_copy_shared_by_every_function():
     data = unique_data((256, 256))
     c = FrozenConst(data)
@@ -202,6 +204,7 @@ def test_constant_discovered_late_gives_correct_results():
     np.testing.assert_array_equal(np.asarray(f(jnp.full(4, 2.0))), np.full(4, 2.0))
 
 
+@pytest.mark.host_memory
 def test_static_and_donated_arguments_behave_as_in_jax_jit():
     c = FrozenConst(np.arange(4.0, dtype=np.float32))
 

@@ -135,6 +135,7 @@ def _buffers_at(pointer):
     )
 
 
+@pytest.mark.host_memory
 def test_evict_leaves_no_array_on_the_evicted_buffer_and_accounting_true():
     data = unique_data((64, 64))
     x = FrozenConst(data)
