@@ -428,9 +428,9 @@ class Store:
     def _transfer(self, sharding: Sharding | None, dtype: np.dtype[Any]) -> jax.Array:
         """A new device buffer (called under the lock)."""
         if self._pinned is not None:
-            made = self._from_pinned(self._pinned, sharding, dtype)
-            if made is not None:
-                return made
+            from_pinned = self._from_pinned(self._pinned, sharding, dtype)
+            if from_pinned is not None:
+                return from_pinned
         if sharding is None:
             # No `device` argument: the result stays uncommitted, like
             # `jnp.asarray(np_array)`, so it combines with arrays on any device.
