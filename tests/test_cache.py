@@ -107,8 +107,10 @@ _HELD = sorted((d for d in SUPPORTED_DTYPES if supported(d)), key=lambda d: d.na
 
 @pytest.mark.parametrize("dtype", _HELD, ids=str)
 def test_each_use_gets_the_dtype_jax_gives_under_each_x64_setting(dtype):
+    # `dtype=` keeps a 64-bit host dtype whatever x64 says at construction (without it the
+    # host holds what `jnp.asarray` holds then: test_host.py), so x64 decides each use's.
     data = np.zeros(3, dtype)
-    x = FrozenConst(data)
+    x = FrozenConst(data, dtype=dtype)
     given = {}
     for x64 in (False, True, False):
         with enable_x64(x64):
