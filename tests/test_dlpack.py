@@ -92,8 +92,9 @@ def test_numpy_gets_the_host_data_read_only_and_shared_wherever_it_asks_for_the_
         view.flags.writeable = True
     shared = np.from_dlpack(x, device="cpu", copy=False)
     assert np.shares_memory(shared, np.asarray(x)) and not shared.flags.writeable
-    # The host data as it is, in its own dtype, as `np.asarray(x)` gives it.
-    wide = FrozenConst(data.astype(np.float64))
+    # The host data as it is, in its own dtype, as `np.asarray(x)` gives it (`dtype=` keeps a
+    # float64 host copy; without it the host holds what `jnp.asarray` holds, float32 without x64).
+    wide = FrozenConst(data.astype(np.float64), dtype=np.float64)
     assert np.from_dlpack(wide, device="cpu").dtype == np.float64 == np.asarray(wide).dtype
 
 
