@@ -383,16 +383,25 @@ def test_the_type_table_is_used_only_where_bind_refuses_array_likes_first(monkey
 
 def test_without_a_registered_type_the_functions_that_ask_it_refuse_and_asarray_fixes_them(monkeypatch):
     # The fallback (and what runs on jax 0.6.2 and 0.9.2): nothing registered with JAX's
-    # `core.typeof`, so `jnp.bincount` refuses a FrozenConst `weights` in JAX's words; the
-    # fix docs/jax.md gives, `jnp.asarray(x)`, works; functions that convert first are unchanged.
+    # `core.typeof`, so `jax.typeof` refuses a FrozenConst in JAX's words, as does
+    # `jnp.bincount`'s `weights` where bincount asks it first (jax >= 0.10; before, bincount
+    # converts its weights first and takes one); the fix docs/jax.md gives, `jnp.asarray(x)`,
+    # works; functions that convert first are unchanged.
     x = FrozenConst(np.array([0.5, 2.0, 1.0], np.float32))
     counts = jnp.array([0, 2, 2])
     expected = jnp.bincount(counts, jnp.asarray(np.asarray(x)), length=3)
-    if _compat._aval_table is not None:
+    registered = _compat._aval_table is not None
+    if registered:
         np.testing.assert_array_equal(jnp.bincount(counts, x, length=3), expected)
+        assert jax.typeof(x) == jax.typeof(jnp.asarray(x))
         monkeypatch.delitem(_compat._aval_table, FrozenConst)  # JAX's own table; put back afterwards
     with pytest.raises((ValueError, DeprecationWarning), match="__jax_array__"):
-        jnp.bincount(counts, x, length=3)
+        jax.typeof(x)
+    if registered:  # the JAX that asks `typeof` in bincount, unregistered: refused
+        with pytest.raises(ValueError, match="__jax_array__"):
+            jnp.bincount(counts, x, length=3)
+    else:
+        np.testing.assert_array_equal(jnp.bincount(counts, x, length=3), expected)
     np.testing.assert_array_equal(jnp.bincount(counts, jnp.asarray(x), length=3), expected)
     np.testing.assert_array_equal(jnp.sum(x), np.float32(3.5))
 
