@@ -118,8 +118,9 @@ def test_frozenconsts_jax_arrays_and_numpy_up_to_the_limit_pass():
         if SIMPLIFIED:  # JAX passes `arr` to the executable: nothing embedded, nothing said
             frozenconst.jit(f)(jnp.ones(64)).block_until_ready()
         else:
-            with pytest.warns(frozenconst.FrozenConstWarning, match=r"closes over a jax.Array float32\[64, 64\]"):
-                frozenconst.jit(f)(jnp.ones(64)).block_until_ready()  # `arr`, embedded by JAX: said
+            said = r"closes over a jax.Array float32\[64, 64\]"  # `arr`, embedded by JAX
+            with pytest.warns(frozenconst.FrozenConstWarning, match=said):
+                frozenconst.jit(f)(jnp.ones(64)).block_until_ready()
     over = unique_data((257,))
     with (
         pytest.raises(frozenconst.CapturedNumpyConstantError, match=r"float32\[257\] \(1028 bytes\)"),

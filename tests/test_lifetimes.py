@@ -353,21 +353,34 @@ def test_functions_using_a_constant_in_a_nested_trace_grow_memory_as_jax_jit(for
 # reused as a closed-over constant's is (`attributes`: two tables, the second met by an isolated
 # trace). Over 60 functions RSS resolves about 2 KiB per function (malloc's noise, 4 KiB
 # pages), so a jax.jit growth under it counts as 2 KiB; the defect is thirteen times that or more.
-_LATE_FORMS = ["attribute-scan", "attributes-jit", "dict-grad", "dict-cond"]
+# The inner `jax.jit` form hits JAX 0.6.2's own growth (jax#29803, above): an expected failure there.
+_LATE_FORMS = [
+    pytest.param(["attribute-scan", "dict-grad", "dict-cond"], id="scan-grad-cond"),
+    pytest.param(["attributes-jit"], id="inner-jit", marks=_OLD_INNER_JIT),
+]
 
 
 @pytest.mark.subprocess
-def test_functions_meeting_their_constant_late_in_a_nested_trace_grow_memory_as_jax_jit():
-    growth = _churn(60, 1, _LATE_FORMS)
-    assert sorted(growth) == sorted(_LATE_FORMS), growth
+@pytest.mark.parametrize("forms", _LATE_FORMS)
+def test_functions_meeting_their_constant_late_in_a_nested_trace_grow_memory_as_jax_jit(forms):
+    growth = _churn(60, 1, forms)
+    assert sorted(growth) == sorted(forms), growth
     for form, (plain, ours) in growth.items():
         assert ours <= 2 * max(plain, 2048.0), (form, growth)
 
 
 @pytest.mark.subprocess
-def test_on_two_devices_functions_meeting_their_constant_late_grow_memory_as_jax_jit():
+@pytest.mark.parametrize(
+    "forms",
+    [
+        pytest.param(["attribute-scan"], id="scan"),
+        pytest.param(["attributes-jit"], id="inner-jit", marks=_OLD_INNER_JIT),
+    ],
+)
+def test_on_two_devices_functions_meeting_their_constant_late_grow_memory_as_jax_jit(forms):
     # Two devices: a constant without a declared sharding stays a parameter under the simplified
     # pipeline too (it follows the computation's mesh), where one device captures it.
-    growth = _churn(60, 2, ["attribute-scan", "attributes-jit"])
+    growth = _churn(60, 2, forms)
+    assert sorted(growth) == sorted(forms), growth
     for form, (plain, ours) in growth.items():
         assert ours <= 2 * max(plain, 2048.0), (form, growth)
