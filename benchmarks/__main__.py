@@ -221,6 +221,7 @@ def main() -> None:
     if args.small and args.section != "accelerator":
         parser.error("--small goes with the accelerator section; the others take --quick")
     docs = args.out
+    docs.mkdir(parents=True, exist_ok=True)  # a new --out folder: made before an hour of measuring
     limit = int(args.rss_limit_gib * 2**30) if args.rss_limit_gib else None
     sections: dict[str, Callable[[], object]] = {
         "seed": lambda: run_seed(args.quick, args.repeats, docs),
