@@ -97,7 +97,13 @@ def test_a_stack_of_transformations_computes_what_the_jax_jit_stack_computes(at_
     w = jnp.asarray(np.random.default_rng(len(stack)).standard_normal(shape).astype(np.float32))
     got, want = ours(w), theirs(w)
     assert jnp.shape(got) == jnp.shape(want), stack
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=1e-6, err_msg=str(stack))
+    # Where the constant is a parameter rather than embedded, XLA folds and fuses the program
+    # differently, so float32 rounding differs by a few ulps of the terms summed: an element
+    # that cancels to near zero keeps an error of the array's scale, not its own (seen on
+    # jax 0.6.2: 3.8e-6 on -0.0753 in ['grad', 'vmap', 'grad', 'vmap'], values up to 35).
+    want = np.asarray(want)
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=1e-6 * scale, err_msg=str(stack))
 
 
 def test_a_function_traced_after_one_that_met_its_constant_late_computes_with_the_constant():

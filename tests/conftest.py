@@ -1,4 +1,3 @@
-import gc
 import os
 
 import hypothesis
@@ -10,6 +9,17 @@ from helpers import pinned_host_offered, raw_numpy_lowers
 # as a constant's default has it (auto: pageable on CPU) and once with every
 # constant page-locked, the path an accelerator takes (docs/host-memory.md).
 os.environ.pop("FROZENCONST_HOST_MEMORY", None)
+
+# `make test` shares JAX's persistent compilation cache between an environment's passes (the
+# Makefile's COMPILE_CACHE: most programs are the same under both pipelines). Only this
+# process uses it: the subprocesses tests start compile as a user's program does, and a run
+# of `pytest` without the variable is a user's run. Every program is cached, however quick
+# to compile: the suite's are small and many.
+_COMPILATION_CACHE = os.environ.get("FROZENCONST_TEST_COMPILATION_CACHE")
+if _COMPILATION_CACHE:
+    jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 # JAX compiles on first use of each shape, so examples are slow: no deadline.
 # Under CI the examples are derived from each test rather than drawn at random
@@ -53,7 +63,3 @@ def _host_memory(request, monkeypatch):
     return mode
 
 
-@pytest.fixture(autouse=True)
-def _clean_jax_state():
-    yield
-    gc.collect()

@@ -82,7 +82,30 @@ def test_ci_runs_make_test():
 
 def test_make_test_fast_is_the_311_default_pass_without_slow_tests():
     passes = [line for line in _dry_run("test-fast") if " -m pytest" in line]
-    assert passes == [f'{DEFAULT} .venv-py311/bin/python -m pytest -q -p no:cacheprovider -m "not slow"']
+    cache = f"FROZENCONST_TEST_COMPILATION_CACHE={ROOT}/.venv-py311/compilation-cache"
+    assert passes == [f'{DEFAULT} {cache} .venv-py311/bin/python -m pytest -q -p no:cacheprovider -m "not slow"']
+
+
+def test_each_environments_passes_share_its_compilation_cache_the_simplified_one_second():
+    # The passes listed second first: within `make test` (goal `checks`) make still runs each
+    # environment's default pass before the passes that reuse its programs.
+    second = ["pytest-311-simplified", "pytest-312-simplified", "pytest-middle-simplified", "package"]
+    first = ["pytest-311-default", "pytest-312-default", "pytest-middle-default", "pytest-floor"]
+    lines = _dry_run("checks", f"CHECKS={' '.join(second + first)}")
+    suite = [line for line in lines if " -m pytest " in line + " " and "--doctest" not in line]
+    order = {}
+    for index, line in enumerate(suite):
+        if "FROZENCONST_WHEEL_TEST" in line:  # the wheel's pass: Python 3.11's JAX, after its default pass
+            env, pipeline = ".venv-py311", "wheel"
+        else:
+            env = line.split("/bin/python")[0].split()[-1]
+            pipeline = "simplified" if line.startswith(SIMPLIFIED) else "default"
+        assert f"FROZENCONST_TEST_COMPILATION_CACHE={ROOT}/{env}/compilation-cache " in line, line
+        order[env, pipeline] = index
+    assert len(order) == 8, order
+    for (env, pipeline), index in order.items():
+        if pipeline != "default":
+            assert index > order[env, "default"], (env, pipeline, suite)
 
 
 def test_markers_that_leave_tests_out_are_declared():
