@@ -7,7 +7,9 @@ One function adds a 4-element slice of each of K constants to its input. The
 constants are held the way each library holds them: closed over by `jax.jit`,
 passed to `jax.jit` as arguments, closed over as FrozenConsts by
 `frozenconst.jit`, fields of an `eqx.Module` under `eqx.filter_jit`, and
-`nnx.Variable`s of an `nnx.Module` under `nnx.jit`. Each pipeline runs in a
+`nnx.Variable`s of an `nnx.Module` under `nnx.jit`; and, as the floor for any
+wrapper written in Python, the cheapest Python object in front of `jax.jit`
+closed over (a `__call__` that passes its arguments on). Each pipeline runs in a
 process of its own (JAX reads it at import). Per-call times are medians of
 interleaved rounds (every variant once per round, in an order shuffled each
 round), each a batch of calls whose last result is waited for
@@ -37,10 +39,25 @@ VARIANTS = {
     "jax.jit, closure": "jax.jit, the constants closed over (jax.Arrays)",
     "jax.jit, arguments": "jax.jit, the constants passed as arguments",
     "frozenconst.jit": "frozenconst.jit, FrozenConsts closed over",
+    "Python layer (floor)": "a Python `__call__` in front of jax.jit closed over, passing its arguments on",
     "eqx.filter_jit": "eqx.filter_jit, the constants fields of an eqx.Module argument",
     "nnx.jit": "nnx.jit, the constants nnx.Variables of an nnx.Module argument",
 }
 SIZES = {"16 B": (4,), "1 MiB": (256, 1024)}
+
+
+class _Layer:
+    """The floor for any wrapper of `jax.jit` written in Python, `frozenconst.jit` among them:
+    an object whose `__call__` passes its arguments on to a `jax.jit` function, and nothing
+    else. Its cost is CPython's call of a Python `__call__` in front of JAX's C++ dispatch."""
+
+    __slots__ = ("_f",)
+
+    def __init__(self, f: Callable[..., Any]) -> None:
+        self._f = f
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._f(*args, **kwargs)
 
 
 def _makers(k: int, shape: tuple[int, ...], peers: bool = True) -> dict[str, Callable[[], Callable[[], Any]]]:
@@ -78,7 +95,16 @@ def _makers(k: int, shape: tuple[int, ...], peers: bool = True) -> dict[str, Cal
         f = frozenconst.jit(lambda w, i: body(frozen, w, i))
         return lambda: f(w, i)
 
-    makers = {"jax.jit, closure": closure, "jax.jit, arguments": arguments, "frozenconst.jit": ours}
+    def layer() -> Callable[[], Any]:
+        f = _Layer(jax.jit(lambda w, i: body(arrays, w, i)))
+        return lambda: f(w, i)
+
+    makers = {
+        "jax.jit, closure": closure,
+        "jax.jit, arguments": arguments,
+        "frozenconst.jit": ours,
+        "Python layer (floor)": layer,
+    }
     if not peers:
         return makers
     import equinox as eqx
@@ -145,6 +171,7 @@ def measure(k: int, size: str, rounds: int) -> list[dict[str, Any]]:
         min(a, b) for a, b in zip(per_round["jax.jit, closure"], per_round["jax.jit, arguments"], strict=True)
     ]
     best_first = min(first["jax.jit, closure"], first["jax.jit, arguments"])
+    floor = per_round["Python layer (floor)"]
     return [
         {
             "k": k,
@@ -152,6 +179,7 @@ def measure(k: int, size: str, rounds: int) -> list[dict[str, Any]]:
             "variant": name,
             "call_us": statistics.median(per_round[name]) * 1e6,
             "vs_best_jax_jit": statistics.median(t / b for t, b in zip(per_round[name], best, strict=True)),
+            "vs_floor": statistics.median(t / b for t, b in zip(per_round[name], floor, strict=True)),
             "first_call_s": first[name],
             "first_vs_best_jax_jit": first[name] / best_first,
         }
@@ -210,7 +238,14 @@ def table(rows: list[dict[str, Any]]) -> str:
                         f"{r['first_call_s'] * 1e3:.0f} ms ({r['first_vs_best_jax_jit']:.2f}x)"
                     )
                 out.append(f"| {variant} | " + " | ".join(cells) + " |")
-            out.append("")
+            ours = {r["k"]: r["vs_floor"] for r in sel if r["variant"] == "frozenconst.jit"}
+            out += [
+                "",
+                "`frozenconst.jit` per call against the Python-layer floor in the same rounds: "
+                + ", ".join(f"K = {k} {ours[k]:.2f}x" for k in ks)
+                + ".",
+                "",
+            ]
     return "\n".join(out)
 
 
