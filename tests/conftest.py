@@ -61,5 +61,3 @@ def _host_memory(request, monkeypatch):
             )
         monkeypatch.setenv("FROZENCONST_HOST_MEMORY", "pinned")
     return mode
-
-

@@ -223,3 +223,47 @@ def unique_data(shape=(64, 32), dtype=np.float32, seed=None) -> np.ndarray:
     """Random data unlikely to equal any other live array in the process."""
     rng = np.random.default_rng(seed)
     return rng.standard_normal(shape).astype(dtype)
+
+
+def check_a_caught_stop_never_poisons_later_functions():
+    """A stop of a constant met first inside a nested trace, caught by user code (`except
+    Exception:`), the inner trace going on without the constant: JAX caches that trace under
+    the trace's context value, so the value must never be used again. The first function
+    meets it so; four later ones of the same kind of trace (their own `embed_max_bytes`, so
+    they draw from the values the first used), each kept alive by a module-level `jax.jit`
+    closing over its parameter so that each draws a value no earlier one holds, must each
+    compute with the constant. Shared by test_hoisting.py and test_compat_fallbacks.py (the
+    latter without a way to make values in an outer trace)."""
+    import frozenconst
+
+    kind = {"embed_max_bytes": 12_345}
+    known = frozenconst.FrozenConst(unique_data((64, 64)))  # 16 KiB: a parameter
+    box = {"late": frozenconst.FrozenConst(np.full((64, 64), 10.0, np.float32))}
+
+    @jax.jit
+    def helper(v):
+        try:
+            return v + box["late"]
+        except Exception:  # catches frozenconst's stop too
+            return v * 0
+
+    def fun(v):
+        def body(c, _):
+            extra = jax.numpy.sum(helper(v)) if v.ndim == 2 else 0.0
+            return c + jax.numpy.sum(known) * 0 + extra, None
+
+        return jax.lax.scan(body, 0.0, None, length=1)[0]
+
+    want = 64 * 64 * 11.0
+    first = frozenconst.jit(fun, **kind)
+    first(jax.numpy.ones(4)).block_until_ready()  # isolated from now on
+    # Isolated, this trace meets `late` first inside `helper`, whose stop `helper` catches.
+    assert float(first(jax.numpy.ones((64, 64)))) == want
+    del first
+    gc.collect()
+    pin = jax.jit(lambda v: v * jax.numpy.sum(known))
+    later = []
+    for _ in range(4):
+        f = frozenconst.jit(lambda v: fun(v) + jax.numpy.sum(pin(v)) * 0, **kind)
+        assert float(f(jax.numpy.ones((64, 64)))) == want
+        later.append(f)

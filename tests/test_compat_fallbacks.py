@@ -8,7 +8,6 @@ detection itself is exercised. At the JAX floor (0.6.2) several of these
 fallbacks are simply what runs (`make test` runs the suite there too).
 """
 
-import gc
 import json
 import re
 import sys
@@ -24,6 +23,7 @@ import pytest
 from helpers import (
     SIMPLIFIED,
     assert_float32_close,
+    check_a_caught_stop_never_poisons_later_functions,
     enable_x64,
     live_copies,
     on_cpu,
@@ -141,34 +141,8 @@ def test_without_a_way_to_make_values_in_an_outer_trace_each_late_constant_stops
     said = _degraded(record)
     assert len(said) == (0 if captured else 1) and all("one trace more" in m for m in said), said
 
-    # A stop user code catches there (`except Exception:`), the inner trace going on without the
-    # constant: that trace's context value is never used again, by any later function.
-    kind = {"embed_max_bytes": 12_345}  # these functions' own kind of trace, and pool of values
-    known = FrozenConst(unique_data((64, 64)))
-    box = {"late": FrozenConst(np.full((64, 64), 10.0, np.float32))}
-
-    @jax.jit
-    def helper(v):
-        try:
-            return v + box["late"]
-        except Exception:  # catches frozenconst's stop too
-            return v * 0
-
-    def caught(v):
-        def body(c, _):
-            return c + jnp.sum(known) * 0 + (jnp.sum(helper(v)) if v.ndim == 2 else 0.0), None
-
-        return jax.lax.scan(body, 0.0, None, length=1)[0]
-
-    first = frozenconst.jit(caught, **kind)
-    first(jnp.ones(4)).block_until_ready()  # isolated from now on
-    assert float(first(jnp.ones((64, 64)))) == 64 * 64 * 11.0
-    del first
-    gc.collect()
-    pin = jax.jit(lambda v: v * jnp.sum(known))  # keeps each later trace alive: each draws anew
-    later = [frozenconst.jit(lambda v: caught(v) + jnp.sum(pin(v)) * 0, **kind) for _ in range(4)]
-    for f in later:
-        assert float(f(jnp.ones((64, 64)))) == 64 * 64 * 11.0
+    # A stop user code catches there: that trace's context value is never used again.
+    check_a_caught_stop_never_poisons_later_functions()
 
 
 def test_without_a_clear_caches_hook_it_is_said_once(monkeypatch):

@@ -10,7 +10,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import SIMPLIFIED, assert_float32_close, unique_data
+from helpers import (
+    SIMPLIFIED,
+    assert_float32_close,
+    check_a_caught_stop_never_poisons_later_functions,
+    unique_data,
+)
 from jax import lax
 
 import frozenconst
@@ -307,43 +312,7 @@ def test_zeros_standing_in_inside_a_long_lived_inner_jit_never_reach_a_later_tra
 
 
 def test_a_caught_stop_of_a_late_constant_never_poisons_a_later_function():
-    # User code catches the stop (`except Exception:`) of a constant met first inside a nested
-    # trace, and that inner trace goes on without the constant: JAX caches it under the trace's
-    # context value, so that value is never used again. Functions of one kind of trace (their
-    # own `embed_max_bytes`), so that the later ones draw from the values the first one used.
-    kind = {"embed_max_bytes": 12_345}
-    known = FrozenConst(unique_data((64, 64)))  # 16 KiB: a parameter
-    box = {"late": FrozenConst(np.full((64, 64), 10.0, np.float32))}
-
-    @jax.jit
-    def helper(v):
-        try:
-            return v + box["late"]
-        except Exception:  # catches frozenconst's stop too
-            return v * 0
-
-    def fun(v):
-        def body(c, _):
-            extra = jnp.sum(helper(v)) if v.ndim == 2 else 0.0
-            return c + jnp.sum(known) * 0 + extra, None
-
-        return lax.scan(body, 0.0, None, length=1)[0]
-
-    want = 64 * 64 * 11.0
-    first = frozenconst.jit(fun, **kind)
-    first(jnp.ones(4)).block_until_ready()  # isolated from now on
-    # Isolated, this trace meets `late` first inside `helper`, whose stop `helper` catches.
-    assert float(first(jnp.ones((64, 64)))) == want
-    del first
-    gc.collect()
-    # Each later function's trace is kept alive (a module-level jax.jit closes over its
-    # parameter), so each draws a value no earlier one holds: every value the first one used.
-    pin = jax.jit(lambda v: v * jnp.sum(known))
-    later = []
-    for _ in range(4):
-        f = frozenconst.jit(lambda v: fun(v) + jnp.sum(pin(v)) * 0, **kind)
-        assert float(f(jnp.ones((64, 64)))) == want
-        later.append(f)
+    check_a_caught_stop_never_poisons_later_functions()  # the scenario: tests/helpers.py
 
 
 # -- a. a nested frozenconst.jit meeting its constant late, inside an outer trace -------------------

@@ -83,7 +83,9 @@ def test_ci_runs_make_test():
 def test_make_test_fast_is_the_311_default_pass_without_slow_tests():
     passes = [line for line in _dry_run("test-fast") if " -m pytest" in line]
     cache = f"FROZENCONST_TEST_COMPILATION_CACHE={ROOT}/.venv-py311/compilation-cache"
-    assert passes == [f'{DEFAULT} {cache} .venv-py311/bin/python -m pytest -q -p no:cacheprovider -m "not slow"']
+    assert passes == [
+        f'{DEFAULT} {cache} .venv-py311/bin/python -m pytest -q -p no:cacheprovider -m "not slow"'
+    ]
 
 
 def test_each_environments_passes_share_its_compilation_cache_the_simplified_one_second():
