@@ -47,6 +47,10 @@ SIMPLIFIED_ONLY_FLAGS := -m "not pipeline_independent"
 # pass compiles are the same under both pipelines: the simplified pass after the default
 # one took 83 s against 193 s uncached for test_hoisting, test_jit, test_jax_integration
 # and test_numpy_sweep (jax 0.10.2, this 2-core machine). `make clean` removes it.
+# Not for Python 3.12's JAX (0.12.0.1): its XLA aborts the process writing a program with a
+# float6 literal to the cache (`literal.cc:2746] Unhandled primitive type F6E3M2FN`, a check
+# failure in HloModule::ToProto; tests/test_bad_input.py meets one), so its passes compile
+# as without one. jax 0.6.2, 0.9.2 and 0.10.2 write the same programs.
 COMPILE_CACHE = FROZENCONST_TEST_COMPILATION_CACHE=$(CURDIR)/$(1)/compilation-cache
 
 .PHONY: demo test test-fast checks lint typecheck docs doctest doctest-default doctest-simplified package \
@@ -128,9 +132,9 @@ pytest-311-simplified: $(VENV311)/.installed
 ifneq ($(PYTHON312)$(wildcard $(VENV312)/bin/python),)
 pytest-312: pytest-312-default pytest-312-simplified
 pytest-312-default: $(VENV312)/.installed
-	$(DEFAULT_PIPELINE) $(call COMPILE_CACHE,$(VENV312)) $(VENV312)/bin/python -m pytest $(PYTEST_FLAGS)
+	$(DEFAULT_PIPELINE) $(VENV312)/bin/python -m pytest $(PYTEST_FLAGS)
 pytest-312-simplified: $(VENV312)/.installed
-	$(SIMPLIFIED_PIPELINE) $(call COMPILE_CACHE,$(VENV312)) $(VENV312)/bin/python -m pytest $(PYTEST_FLAGS) $(SIMPLIFIED_ONLY_FLAGS)
+	$(SIMPLIFIED_PIPELINE) $(VENV312)/bin/python -m pytest $(PYTEST_FLAGS) $(SIMPLIFIED_ONLY_FLAGS)
 else
 pytest-312 pytest-312-default pytest-312-simplified:
 	@if [ "$${CI:-}" = "true" ]; then echo "error: no Python 3.12 found under CI; set PYTHON312=/path/to/python3.12" >&2; exit 1; fi
@@ -171,10 +175,10 @@ test:
 checks: $(CHECKS)
 # Within `make test`, an environment's simplified pass (and the wheel's, Python 3.11's JAX)
 # starts once its default pass has ended, to find that pass's programs in the compilation
-# cache; make runs whatever else is ready meanwhile. Run alone, each target needs nothing.
+# cache (Python 3.12's has none: see COMPILE_CACHE); make runs whatever else is ready
+# meanwhile. Run alone, each target needs nothing.
 ifneq ($(filter checks,$(MAKECMDGOALS)),)
 pytest-311-simplified package: | pytest-311-default
-pytest-312-simplified: | pytest-312-default
 pytest-middle-simplified: | pytest-middle-default
 endif
 

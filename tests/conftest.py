@@ -14,7 +14,8 @@ os.environ.pop("FROZENCONST_HOST_MEMORY", None)
 # Makefile's COMPILE_CACHE: most programs are the same under both pipelines). Only this
 # process uses it: the subprocesses tests start compile as a user's program does, and a run
 # of `pytest` without the variable is a user's run. Every program is cached, however quick
-# to compile: the suite's are small and many.
+# to compile: the suite's are small and many. Not with jax 0.12.0.1, whose XLA aborts writing
+# a program with a float6 literal (the Makefile's COMPILE_CACHE says more).
 _COMPILATION_CACHE = os.environ.get("FROZENCONST_TEST_COMPILATION_CACHE")
 if _COMPILATION_CACHE:
     jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE)

@@ -91,8 +91,8 @@ def test_make_test_fast_is_the_311_default_pass_without_slow_tests():
 def test_each_environments_passes_share_its_compilation_cache_the_simplified_one_second():
     # The passes listed second first: within `make test` (goal `checks`) make still runs each
     # environment's default pass before the passes that reuse its programs.
-    second = ["pytest-311-simplified", "pytest-312-simplified", "pytest-middle-simplified", "package"]
-    first = ["pytest-311-default", "pytest-312-default", "pytest-middle-default", "pytest-floor"]
+    second = ["pytest-311-simplified", "pytest-middle-simplified", "package"]
+    first = ["pytest-311-default", "pytest-middle-default", "pytest-floor", "pytest-312-default"]
     lines = _dry_run("checks", f"CHECKS={' '.join(second + first)}")
     suite = [line for line in lines if " -m pytest " in line + " " and "--doctest" not in line]
     order = {}
@@ -102,9 +102,14 @@ def test_each_environments_passes_share_its_compilation_cache_the_simplified_one
         else:
             env = line.split("/bin/python")[0].split()[-1]
             pipeline = "simplified" if line.startswith(SIMPLIFIED) else "default"
+        if env == ".venv-py312":
+            # jax 0.12.0.1's XLA aborts writing a float6 program to the cache (the Makefile's
+            # COMPILE_CACHE): its pass compiles as without one.
+            assert "FROZENCONST_TEST_COMPILATION_CACHE" not in line, line
+            continue
         assert f"FROZENCONST_TEST_COMPILATION_CACHE={ROOT}/{env}/compilation-cache " in line, line
         order[env, pipeline] = index
-    assert len(order) == 8, order
+    assert len(order) == 6, order
     for (env, pipeline), index in order.items():
         if pipeline != "default":
             assert index > order[env, "default"], (env, pipeline, suite)
