@@ -35,18 +35,25 @@ def _dry_run(*targets):
     return [line.strip() for line in out.stdout.splitlines()]
 
 
+def _suite_lines(lines):
+    """The pytest runs over the suite, the wheel's included (not the doctests)."""
+    return [line for line in lines if " -m pytest " in line + " " and "--doctest" not in line]
+
+
+def _env_and_pipeline(line):
+    """The environment and constant pipeline of one suite pass's command line."""
+    env = line.split("/bin/python")[0].split()[-1]
+    pipeline = "simplified" if line.startswith(SIMPLIFIED) else "default" if line.startswith(DEFAULT) else "?"
+    return env, pipeline
+
+
 def _suite_passes(lines):
     """(environment, pipeline, once) of every pytest run over the suite (not doctests, not the wheel's)."""
-    passes = []
-    for line in lines:
-        if " -m pytest " not in line + " " or "--doctest" in line or "FROZENCONST_WHEEL_TEST" in line:
-            continue
-        env = line.split("/bin/python")[0].split()[-1]
-        pipeline = (
-            "simplified" if line.startswith(SIMPLIFIED) else "default" if line.startswith(DEFAULT) else "?"
-        )
-        passes.append((env, pipeline, ONCE in line))
-    return passes
+    return [
+        (*_env_and_pipeline(line), ONCE in line)
+        for line in _suite_lines(lines)
+        if "FROZENCONST_WHEEL_TEST" not in line
+    ]
 
 
 def test_make_test_runs_every_environment_under_each_of_its_pipelines():
@@ -94,14 +101,13 @@ def test_each_environments_passes_share_its_compilation_cache_the_simplified_one
     second = ["pytest-311-simplified", "pytest-middle-simplified", "package"]
     first = ["pytest-311-default", "pytest-middle-default", "pytest-floor", "pytest-312-default"]
     lines = _dry_run("checks", f"CHECKS={' '.join(second + first)}")
-    suite = [line for line in lines if " -m pytest " in line + " " and "--doctest" not in line]
+    suite = _suite_lines(lines)
     order = {}
     for index, line in enumerate(suite):
         if "FROZENCONST_WHEEL_TEST" in line:  # the wheel's pass: Python 3.11's JAX, after its default pass
             env, pipeline = ".venv-py311", "wheel"
         else:
-            env = line.split("/bin/python")[0].split()[-1]
-            pipeline = "simplified" if line.startswith(SIMPLIFIED) else "default"
+            env, pipeline = _env_and_pipeline(line)
         if env == ".venv-py312":
             # jax 0.12.0.1's XLA aborts writing a float6 program to the cache (the Makefile's
             # COMPILE_CACHE): its pass compiles as without one.
