@@ -231,8 +231,10 @@ def main(base_rev: str, quick: bool, docs: pathlib.Path, pairs: int | None = Non
                 order.append(side)
     pipeline = os.environ.get("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS")
     results: dict[str, Any] = {
+        # The working tree's stamp: its frozenconst is this checkout's commit; the base's, an
+        # extracted archive, has none (the base's line below names it).
         "environment": {
-            **runs["base"][0]["environment"],
+            **runs["working tree"][0]["environment"],
             "JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS": pipeline if pipeline is not None else "unset",
         },
         "base_rev": base_rev,

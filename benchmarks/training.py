@@ -326,8 +326,9 @@ def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> s
     return "\n".join([head, rule, *body])
 
 
-def summary(results: dict[str, Any]) -> str:
-    """The figures docs/training.md quotes: per step, against the step without the table."""
+def summary(results: dict[str, Any], env: dict[str, str]) -> str:
+    """The figures docs/training.md quotes: per step, against the step without the table; `env`
+    (`_harness.environment()`) stamps them, as every file under docs/results/ is stamped."""
     out = [
         "| step, per pipeline | " + " | ".join(f"{p} pipeline" for p in results) + " |",
         "|---|" + "---:|" * len(results),
@@ -345,6 +346,12 @@ def summary(results: dict[str, Any]) -> str:
         "brackets the ratio to the same step without the table (per round, then the median). "
         "A `jax.Array` in `nnx.data` is what `nnx.jit` costs any array held as data: the floor."
     )
+    out.append(
+        f"\nMeasured {env['date']} on {env['cpu']} ({env['machine']}, {env['memory']}): frozenconst "
+        f"{env['frozenconst']}, python {env['python']}, jax {env['jax']}, jaxlib {env['jaxlib']}, "
+        f"numpy {env['numpy']}, backend {env['backend']} (`python -m benchmarks training`, "
+        "whose full tables are in `training-results.md`)."
+    )
     return "\n".join(out)
 
 
@@ -359,12 +366,13 @@ def main(quick: bool, docs: pathlib.Path) -> None:
             f"training ({pipeline})",
             env=pipeline_env(flag),
         )
+    env = environment()
     lines = [
         "# Benchmark results: the training idioms",
         "",
         f"Produced by `python -m benchmarks training{' --quick' if quick else ''}` on:",
         "",
-        "\n".join(f"- {k}: {v}" for k, v in environment().items()),
+        "\n".join(f"- {k}: {v}" for k, v in env.items()),
         "",
     ]
     for pipeline, result in results.items():
@@ -402,7 +410,7 @@ def main(quick: bool, docs: pathlib.Path) -> None:
         ]
     docs.mkdir(parents=True, exist_ok=True)
     (docs / "training-results.md").write_text("\n".join(lines) + "\n")
-    (docs / "training-summary.md").write_text(summary(results) + "\n")
+    (docs / "training-summary.md").write_text(summary(results, env) + "\n")
     (docs / "training-results.json").write_text(json.dumps(results, indent=1))
     print("\n".join(lines))
 

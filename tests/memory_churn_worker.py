@@ -16,8 +16,8 @@ passes the constant to, from a dict) and the nested trace it uses it in (NESTED:
 
 For each form, makes, lowers and drops COUNT functions, first with `jax.jit`
 over the constant's device buffer, then with `frozenconst.jit` over the
-constant, in this one process on DEVICES CPU devices, and prints the resident
-memory each grew by per function: `GROWTH <form> <jax.jit bytes> <frozenconst.jit bytes>`.
+constant, in this one process on DEVICES CPU devices, and prints the heap bytes
+each grew by per function: `GROWTH <form> <jax.jit bytes> <frozenconst.jit bytes>`.
 Lowering fills every cache keyed by the trace context; XLA's compile is left
 out (the warm-up calls each kind once), as it multiplies the time by ten.
 
@@ -29,8 +29,14 @@ before anything of frozenconst's (the floor of `module_jit`, docs/jit.md).
 
 import ctypes
 import gc
+import os
 import sys
 import time
+
+# Python's objects allocated through malloc, so that `heap()` counts them too (pymalloc
+# keeps its own arenas, out of malloc's sight): set before the interpreter starts.
+if __name__ == "__main__" and os.environ.get("PYTHONMALLOC") != "malloc":
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONMALLOC": "malloc"})
 
 import jax
 import jax.numpy as jnp
@@ -40,21 +46,47 @@ from jax import lax
 import frozenconst
 from frozenconst import FrozenConst, _compat
 
-try:
-    _trim = ctypes.CDLL("libc.so.6").malloc_trim  # free pages back, so RSS counts what is held
-except (OSError, AttributeError):  # pragma: no cover - not glibc
-    _trim = None
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's `struct mallinfo2`: ten `size_t` fields, in this order."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in [
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        ]
+    ]
 
 
-def rss() -> int:
+def heap() -> int:
+    """Bytes the process's heap holds after a collection, byte for byte: glibc's `mallinfo2`,
+    the chunks in use in every arena (`uordblks`) and the blocks mapped on their own (`hblkhd`),
+    which hold XLA's and MLIR's allocations and, under `PYTHONMALLOC=malloc`, Python's objects.
+
+    RSS, the measure before it, moves by pages (4 KiB) and with malloc's fragmentation: it took
+    1,200 functions a form to resolve 256 bytes per function. This resolves tens of bytes per
+    function over 100 (jax 0.10.2: `jax.jit` 50-600 bytes per function from run to run, against
+    20-50 KiB for the leaks these forms pin).
+    """
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        raise SystemExit("memory_churn_worker needs glibc's mallinfo2 (glibc 2.33 or later)") from None
+    if os.environ.get("PYTHONMALLOC") != "malloc":
+        raise SystemExit("memory_churn_worker counts Python's objects only under PYTHONMALLOC=malloc")
+    mallinfo2.restype = _MallInfo2
     gc.collect()
-    if _trim is not None:
-        _trim(0)
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc/self/status")
+    info = mallinfo2()
+    return info.uordblks + info.hblkhd
 
 
 # -- the nested traces: each uses the table that `get()` reaches, inside one ------------------
@@ -159,10 +191,10 @@ def growth(jit, table, other, form, count):
     make(jit, table, form)(x).block_until_ready()
     for _ in range(max(50, count // 5)):  # JAX's first-use allocations, and every cache warm
         make(jit, table, form).lower(x)
-    before = rss()
+    before = heap()
     for _ in range(count):
         make(jit, table, form).lower(x)
-    grown = (rss() - before) / count
+    grown = (heap() - before) / count
     TABLE = OTHER = MODULE_JIT = None
     return grown
 

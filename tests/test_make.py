@@ -15,6 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT = "env -u JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"
 SIMPLIFIED = "env JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1"
 ONCE = '-m "not pipeline_independent"'
+QUICK_CODEGEN = 'XLA_FLAGS="--xla_backend_optimization_level=0 ${XLA_FLAGS:-}"'
 
 pytestmark = pytest.mark.pipeline_independent  # the Makefile is the same under both
 
@@ -91,7 +92,8 @@ def test_make_test_fast_is_the_311_default_pass_without_slow_tests():
     passes = [line for line in _dry_run("test-fast") if " -m pytest" in line]
     cache = f"FROZENCONST_TEST_COMPILATION_CACHE={ROOT}/.venv-py311/compilation-cache"
     assert passes == [
-        f'{DEFAULT} {cache} .venv-py311/bin/python -m pytest -q -p no:cacheprovider -m "not slow"'
+        f"{DEFAULT} {cache} {QUICK_CODEGEN} "
+        '.venv-py311/bin/python -m pytest -q -p no:cacheprovider -m "not slow"'
     ]
 
 
@@ -119,6 +121,31 @@ def test_each_environments_passes_share_its_compilation_cache_the_simplified_one
     for (env, pipeline), index in order.items():
         if pipeline != "default":
             assert index > order[env, "default"], (env, pipeline, suite)
+
+
+def test_within_make_test_nothing_starts_before_every_environment_is_built():
+    # The short checks listed first and every environment out of date (`-W pyproject.toml`):
+    # within `checks` each still waits for all four environments, so that the longest
+    # passes, listed first in CHECKS, start first once they are built.
+    lines = _dry_run("-W", "pyproject.toml", "checks", "CHECKS=lint typecheck pytest-floor")
+    built = [i for i, line in enumerate(lines) if line.startswith("touch ") and line.endswith("/.installed")]
+    assert sorted(lines[i].split()[1] for i in built) == sorted(
+        f"{env}/.installed" for env in (".venv-py311", ".venv-py312", ".venv-jax062", ".venv-jax092")
+    ), lines
+    first_check = next(i for i, line in enumerate(lines) if "ruff check" in line)
+    assert max(built) < first_check, lines
+
+
+def test_one_pass_compiles_as_users_do_the_others_at_xla_optimisation_level_0():
+    # XLA's backend at level 0 (the Makefile's QUICK_CODEGEN) for every suite pass, the wheel's
+    # and test-fast's included, but Python 3.12's default pass: the newest JAX compiling as a
+    # user's program does. A user's own XLA_FLAGS are kept.
+    quick = QUICK_CODEGEN + " "
+    suite = _suite_lines(_dry_run("test-fast", "checks"))
+    assert len(suite) == 9, suite  # test-fast, seven passes, the wheel's
+    as_users = [line for line in suite if quick not in line]
+    assert [_env_and_pipeline(line) for line in as_users] == [(".venv-py312", "default")], suite
+    assert "XLA_FLAGS" not in as_users[0], as_users
 
 
 def test_markers_that_leave_tests_out_are_declared():
