@@ -411,7 +411,8 @@ def main(quick: bool, docs: pathlib.Path) -> None:
     docs.mkdir(parents=True, exist_ok=True)
     (docs / "training-results.md").write_text("\n".join(lines) + "\n")
     (docs / "training-summary.md").write_text(summary(results, env) + "\n")
-    (docs / "training-results.json").write_text(json.dumps(results, indent=1))
+    stamped = {"environment": env, "pipelines": results}
+    (docs / "training-results.json").write_text(json.dumps(stamped, indent=1))
     print("\n".join(lines))
 
 

@@ -109,3 +109,25 @@ def test_no_benchmark_duration_is_quoted_that_no_run_measured():
         text = _text(name)
         assert not re.search(r"make bench[^.]*about (ten|nine|\w+) minutes", text), name
         assert "about half an hour" not in text, name
+
+
+# Every results file names where and when it was measured (issue #27 §3): the stamp of
+# `benchmarks._harness.environment()`, the date, the processor, the frozenconst commit and the
+# versions; a table in its Markdown, a dict under "environment" in its JSON.
+_STAMP = ("date", "cpu", "frozenconst", "python", "jax", "jaxlib", "numpy", "backend")
+_DATE = r"20\d\d-\d\d-\d\d \d\d:\d\d UTC"
+_REVISION = r"\d+\.\d+\.\d+\S* at [0-9a-f]{7,}(-dirty)?"
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("*.json")), ids=lambda p: p.name)
+def test_each_results_json_carries_its_stamp(path):
+    env = json.loads(path.read_text())["environment"]
+    assert [key for key in _STAMP if not env.get(key)] == [], env
+    assert re.fullmatch(_DATE, env["date"]) and re.fullmatch(_REVISION, env["frozenconst"]), env
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("*.md")), ids=lambda p: p.name)
+def test_each_results_table_carries_its_stamp(path):
+    text = " ".join(path.read_text().split())
+    assert re.search(_DATE, text) and re.search(r"frozenconst:? " + _REVISION, text), path.name
+    assert re.search(r"\bjax:? \d+\.\d+", text) and re.search(r"\bcpu:? \S", text), path.name
