@@ -174,9 +174,10 @@ package: $(VENV311)/.installed
 	cd .dist && FROZENCONST_WHEEL_TEST=1 $(call COMPILE_CACHE,$(VENV311)) $(QUICK_CODEGEN) ../.venv-wheel/bin/python -m pytest $(PYTEST_FLAGS) \
 	  ../tests/test_installed.py ../tests/test_plugins.py ../tests/test_cache.py ../tests/test_host.py ../tests/test_jit.py
 
-# Everything CI runs, TEST_JOBS at a time. The longest passes come first (the order of a
-# fresh clone's run here: 3.11 default 918 s, 0.6.2 820, 0.9.2 default 780, 3.12 default 713,
-# then the simplified passes, 603-639 s), so the short checks fill the gaps at the end;
+# Everything CI runs, TEST_JOBS at a time. The default passes come first (a fresh clone's
+# run here, commit f06c14d: 3.11 default 747 s, 0.9.2 default 697, 3.12 default 674, 0.6.2
+# 481, then the simplified passes, 507-566 s; started in this order, the two slots end within
+# a few minutes of each other), so the short checks fill the gaps at the end;
 # `--output-sync=target` prints each one's output whole when it ends, and the first failure
 # fails `make test` (once the jobs already running have ended).
 CHECKS := pytest-311-default pytest-floor pytest-middle-default pytest-312-default \
