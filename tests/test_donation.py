@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_float32_close, unique_data
+from helpers import assert_float32_close, on_device, unique_data
 
 import frozenconst
 from frozenconst import FrozenConst, FrozenConstWarning
@@ -121,5 +121,5 @@ def test_a_training_step_that_donates_its_state_leaves_the_model_constant_workin
     # Relative to the terms' size, not to each entry: a row of `data` can cancel to 0.003 among
     # terms of about 1 (seen on jax 0.12.0.1: 3.2e-5 off relative to that entry, 1e-7 absolute).
     w = np.asarray(state["w"])
-    assert_float32_close(out, data @ np.ones(8) * w, np.abs(data) @ np.ones(8) * np.abs(w))
+    assert_float32_close(out, on_device(data) @ np.ones(8) * w, np.abs(data) @ np.ones(8) * np.abs(w))
     np.testing.assert_array_equal(np.asarray(table), data)
