@@ -8,7 +8,8 @@
 #                 release in between (jax 0.9.2, both pipelines), both with Python 3.11.
 #                 The checks and suite passes run TEST_JOBS at a time (default 2: this project's
 #                 CI machine has 2 cores), each pass's output printed whole when it ends.
-#   make test-fast - the edit-test loop: Python 3.11, default pipeline, without tests marked slow.
+#   make test-fast - the edit-test loop: Python 3.11, default pipeline, without tests marked slow
+#                 or subprocess.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 
@@ -47,10 +48,10 @@ SIMPLIFIED_ONLY_FLAGS := -m "not pipeline_independent"
 # pass compiles are the same under both pipelines: the simplified pass after the default
 # one took 83 s against 193 s uncached for test_hoisting, test_jit, test_jax_integration
 # and test_numpy_sweep (jax 0.10.2, this 2-core machine). `make clean` removes it.
-# Not for Python 3.12's JAX (0.12.0.1): its XLA aborts the process writing a program with a
-# float6 literal to the cache (`literal.cc:2746] Unhandled primitive type F6E3M2FN`, a check
-# failure in HloModule::ToProto; tests/test_bad_input.py meets one), so its passes compile
-# as without one. jax 0.6.2, 0.9.2 and 0.10.2 write the same programs.
+# Python 3.12's JAX (0.12.0.1) aborts the process writing a program with a float6 literal to
+# the cache (`literal.cc:2746] Unhandled primitive type F6E3M2FN`, a check failure in
+# HloModule::ToProto; tests/test_bad_input.py meets one): tests/conftest.py writes no program
+# with a float6 type, in every environment.
 COMPILE_CACHE = FROZENCONST_TEST_COMPILATION_CACHE=$(CURDIR)/$(1)/compilation-cache
 
 # The suite's passes but one compile with XLA's backend at optimisation level 0: LLVM's -O0 for
@@ -58,8 +59,9 @@ COMPILE_CACHE = FROZENCONST_TEST_COMPILATION_CACHE=$(CURDIR)/$(1)/compilation-ca
 # `compiled.as_text()` shows) run as at the default level, and no test reads a time. Most of a
 # pass is XLA compiling small programs that each run a few times: measured, the jax.scipy
 # `truncnorm` sweep 60 s at the default level, 24 s at 0 (jax 0.10.2; 32 s against 22 s on
-# 0.12.0.1). Python 3.12's default pass (the newest JAX) compiles at XLA's default level, as
-# users' programs do. A user's own XLA_FLAGS are kept, after it.
+# 0.12.0.1). The floor's pass (jax 0.6.2) compiles at XLA's default level, as users' programs
+# do: the one pass that shares its cache with no other (XLA_FLAGS are part of the cache key).
+# A user's own XLA_FLAGS are kept, after it.
 QUICK_CODEGEN := XLA_FLAGS="--xla_backend_optimization_level=0 $${XLA_FLAGS:-}"
 
 .PHONY: demo test test-fast checks lint typecheck docs doctest doctest-default doctest-simplified package \
@@ -143,9 +145,9 @@ ifneq ($(PYTHON312)$(wildcard $(VENV312)/bin/python),)
 TEST_ENVIRONMENTS += $(VENV312)/.installed
 pytest-312: pytest-312-default pytest-312-simplified
 pytest-312-default: $(VENV312)/.installed
-	$(DEFAULT_PIPELINE) $(VENV312)/bin/python -m pytest $(PYTEST_FLAGS)
+	$(DEFAULT_PIPELINE) $(call COMPILE_CACHE,$(VENV312)) $(QUICK_CODEGEN) $(VENV312)/bin/python -m pytest $(PYTEST_FLAGS)
 pytest-312-simplified: $(VENV312)/.installed
-	$(SIMPLIFIED_PIPELINE) $(QUICK_CODEGEN) $(VENV312)/bin/python -m pytest $(PYTEST_FLAGS) $(SIMPLIFIED_ONLY_FLAGS)
+	$(SIMPLIFIED_PIPELINE) $(call COMPILE_CACHE,$(VENV312)) $(QUICK_CODEGEN) $(VENV312)/bin/python -m pytest $(PYTEST_FLAGS) $(SIMPLIFIED_ONLY_FLAGS)
 else
 pytest-312 pytest-312-default pytest-312-simplified:
 	@if [ "$${CI:-}" = "true" ]; then echo "error: no Python 3.12 found under CI; set PYTHON312=/path/to/python3.12" >&2; exit 1; fi
@@ -154,7 +156,7 @@ endif
 
 # jax 0.6.2 has one constant pipeline (JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS arrived in 0.7).
 pytest-floor: $(VENVFLOOR)/.installed
-	$(DEFAULT_PIPELINE) $(call COMPILE_CACHE,$(VENVFLOOR)) $(QUICK_CODEGEN) $(VENVFLOOR)/bin/python -m pytest $(PYTEST_FLAGS)
+	$(DEFAULT_PIPELINE) $(call COMPILE_CACHE,$(VENVFLOOR)) $(VENVFLOOR)/bin/python -m pytest $(PYTEST_FLAGS)
 
 pytest-middle: pytest-middle-default pytest-middle-simplified
 pytest-middle-default: $(VENVMIDDLE)/.installed
@@ -188,8 +190,7 @@ test:
 checks: $(CHECKS)
 # Within `make test`, an environment's simplified pass (and the wheel's, Python 3.11's JAX)
 # starts once its default pass has ended, to find that pass's programs in the compilation
-# cache (Python 3.12's has none: see COMPILE_CACHE); make runs whatever else is ready
-# meanwhile. Run alone, each target needs nothing.
+# cache; make runs whatever else is ready meanwhile. Run alone, each target needs nothing.
 # And nothing starts before every environment is built: make would otherwise start whatever
 # is ready while the others build (the short checks, then a simplified pass), and the longest
 # passes, started later, would end last (seen in a fresh clone's run: 0.9.2's simplified pass
@@ -197,13 +198,15 @@ checks: $(CHECKS)
 ifneq ($(filter checks,$(MAKECMDGOALS)),)
 pytest-311-simplified package: | pytest-311-default
 pytest-middle-simplified: | pytest-middle-default
+pytest-312-simplified: | pytest-312-default
 $(CHECKS): | $(TEST_ENVIRONMENTS)
 endif
 
-# The edit-test loop: Python 3.11, the default pipeline, without the tests
-# marked slow (CONTRIBUTING.md says which); `make test` runs everything.
+# The edit-test loop: Python 3.11, the default pipeline, without the tests marked slow
+# or subprocess (those that start interpreters: several devices or processes, memory
+# growth, the command line; CONTRIBUTING.md says which); `make test` runs everything.
 test-fast: $(VENV311)/.installed
-	$(DEFAULT_PIPELINE) $(call COMPILE_CACHE,$(VENV311)) $(QUICK_CODEGEN) $(VENV311)/bin/python -m pytest $(PYTEST_FLAGS) -m "not slow"
+	$(DEFAULT_PIPELINE) $(call COMPILE_CACHE,$(VENV311)) $(QUICK_CODEGEN) $(VENV311)/bin/python -m pytest $(PYTEST_FLAGS) -m "not slow and not subprocess"
 
 bench: $(VENV311)/.installed
 	$(VENV311)/bin/python -m benchmarks

@@ -18,6 +18,9 @@ import tomllib
 import pytest
 from helpers import ROOT, run_bounded
 
+# What the entry points import, in fresh interpreters: nothing is traced, so the same under
+# both JAX constant pipelines.
+pytestmark = pytest.mark.pipeline_independent
 INSTALLED_WHEEL = os.environ.get("FROZENCONST_WHEEL_TEST") == "1"
 ENTRY_POINTS = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["entry-points"]
 # What frozenconst's entry points may add to a process that never uses frozenconst.

@@ -183,6 +183,7 @@ def _user_frame(child, report, case):
     assert last["position"] == last["line"], f"{case}: {last}"
 
 
+@pytest.mark.subprocess  # each mode in a child interpreter (`reports`)
 @pytest.mark.parametrize("mode", ["unset", "quiet_remove_frames", "remove_frames"])
 def test_filtered_tracebacks_go_from_the_call_to_the_users_line(child, reports, mode):
     report = reports[mode]
@@ -194,6 +195,7 @@ def test_filtered_tracebacks_go_from_the_call_to_the_users_line(child, reports, 
         assert not any(_own(f) for f in frames), f"{case}: frozenconst's frames remain: {frames}"
 
 
+@pytest.mark.subprocess  # each mode in a child interpreter (`reports`)
 @pytest.mark.parametrize("mode", ["off", "config-off"])
 def test_unfiltered_tracebacks_keep_every_frame_each_on_its_own_line(child, reports, mode):
     report = reports[mode]
@@ -207,6 +209,7 @@ def test_unfiltered_tracebacks_keep_every_frame_each_on_its_own_line(child, repo
         assert all(f["position"] == f["line"] for f in own), f"{case}: {own}"
 
 
+@pytest.mark.subprocess  # each mode in a child interpreter (`reports`)
 def test_tracebackhide_marks_frozenconsts_frames_as_jax_marks_its_own(child, reports):
     report = reports["tracebackhide"]
     for case in FROZENCONST_JIT + PLAIN_JIT:
@@ -217,6 +220,7 @@ def test_tracebackhide_marks_frozenconsts_frames_as_jax_marks_its_own(child, rep
         assert not any(f["hidden"] for f in frames if f["file"] == str(child[0])), case
 
 
+@pytest.mark.subprocess  # each mode in a child interpreter (`reports`)
 def test_the_message_is_the_same_in_every_mode_and_nothing_internal_is_chained(reports):
     expected = {
         "user": "user says no",
@@ -237,6 +241,7 @@ def test_the_message_is_the_same_in_every_mode_and_nothing_internal_is_chained(r
             assert "Rediscover" not in report[case]["chain"], f"{case} ({mode}): {report[case]['chain']}"
 
 
+@pytest.mark.subprocess  # each mode in a child interpreter (`reports`)
 def test_without_jaxs_hooks_frozenconsts_frames_stay_and_the_users_line_is_there(child, reports):
     # The fallback: nothing registered with JAX, so nothing of frozenconst's is filtered.
     report = reports["fallback"]
