@@ -179,9 +179,9 @@ package: $(VENV311)/.installed
 	  ../tests/test_installed.py ../tests/test_plugins.py ../tests/test_cache.py ../tests/test_host.py ../tests/test_jit.py
 
 # Everything CI runs, TEST_JOBS at a time. The default passes come first (a fresh clone's
-# run here, commit f06c14d: 3.11 default 747 s, 0.9.2 default 697, 3.12 default 674, 0.6.2
-# 481, then the simplified passes, 507-566 s; started in this order, the two slots end within
-# a few minutes of each other), so the short checks fill the gaps at the end;
+# run here, commit 3ce740e: 3.11 default 843 s, 0.9.2 default 683, 0.6.2 566, 3.12 default
+# 562, then the simplified passes: 3.11 551 s, 0.9.2 504, 3.12 368 with its default pass's
+# cache), so the short checks fill the gaps at the end;
 # `--output-sync=target` prints each one's output whole when it ends, and the first failure
 # fails `make test` (once the jobs already running have ended).
 CHECKS := pytest-311-default pytest-floor pytest-middle-default pytest-312-default \
