@@ -27,9 +27,9 @@ def _writes_serializable_programs_only():
     the process serializing one with a float6 literal (`literal.cc:2746] Unhandled primitive
     type F6E2M3FN`, a check failure in HloModule::ToProto, not an exception), as
     `jnp.asarray(x, dtype=float6_e2m3fn)` in tests/test_bad_input.py compiles. Such a program
-    compiles as without a cache. JAX's writer
-    is private (`jax._src.compilation_cache.put_executable_and_time`, the same five parameters from
-    jax 0.6.2 to 0.12.0.1); where a JAX lacks it, the cache stays off."""
+    compiles as without a cache. JAX's writer is private
+    (`jax._src.compilation_cache.put_executable_and_time`, the same five parameters from jax
+    0.6.2 to 0.12.0.1); where a JAX lacks it, the cache stays off."""
     try:
         from jax._src import compilation_cache
     except ImportError:
