@@ -207,6 +207,7 @@ class Store:
         "device_dtypes",
         "dtype",
         "hits",
+        "hot",
         "serial",
         "served",
         "shape",
@@ -247,6 +248,13 @@ class Store:
         # What each use gets, one dict lookup: keyed by `setting_key`, except the
         # default placement where x64 does not change the device dtype (`_by_device`).
         self.served: dict[Any, jax.Array] = {}
+        # `served[None]`, where there is one: the default placement's buffer while
+        # `jax_default_device` is unset, the use nearly every program makes. The hit
+        # that `FrozenConst.tree_flatten` and `__jax_array__` inline reads this slot
+        # instead of the dict (`_serve` keeps the two in step): the lookup was a
+        # third of what a hit cost beyond the one-slot floor (issue #26; instructions
+        # per `jax.tree_util.tree_flatten(x)` under callgrind, jax 0.10.2).
+        self.hot: jax.Array | None = None
         # Whether the default placement is served under the `jax_default_device`
         # setting alone: where x64 does not change the device dtype (float32 is
         # the same buffer under both settings), the x64 read and the tuple key
@@ -401,11 +409,17 @@ class Store:
                     return array
                 self._made[made] = array
                 OWNERS[id(array)] = self
-            self.served[key] = array
-            STATE.epoch += 1
+            self._serve(key, array)
         if lost:
             self._lost()
         return array
+
+    def _serve(self, key: Any, array: jax.Array) -> None:
+        """Serve `array` to uses under `key` from now on (called under the lock)."""
+        self.served[key] = array
+        if key is None:  # the default placement under no `jax_default_device` (`_by_device`)
+            self.hot = array
+        STATE.epoch += 1
 
     def _lost(self) -> None:
         """A device buffer of this constant was deleted behind our back (donated to a jitted
@@ -523,13 +537,16 @@ class Store:
             if sharding is None:
                 self._made.clear()
                 self.served.clear()
-                return
-            device = next(iter(sharding.device_set)) if isinstance(sharding, SingleDeviceSharding) else None
-            for made in [m for m in self._made if m[0] == sharding or (m[0] is None and m[1] == device)]:
-                del self._made[made]
-            kept = {id(a) for a in self._made.values()}
-            for key in [k for k, a in self.served.items() if id(a) not in kept]:
-                del self.served[key]
+            else:
+                device = (
+                    next(iter(sharding.device_set)) if isinstance(sharding, SingleDeviceSharding) else None
+                )
+                for made in [m for m in self._made if m[0] == sharding or (m[0] is None and m[1] == device)]:
+                    del self._made[made]
+                kept = {id(a) for a in self._made.values()}
+                for key in [k for k, a in self.served.items() if id(a) not in kept]:
+                    del self.served[key]
+            self.hot = self.served.get(None)
 
     def lost_buffer(self) -> bool:
         """Whether one of the device buffers made for this constant was deleted since

@@ -471,6 +471,38 @@ def jax_filtered(err: BaseException) -> bool:
 Tracer: type = jax.core.Tracer
 
 
+# The public attributes a `jax.Array` answers: those of `jax.Array` and of the class
+# of its instances, which adds some (`devices`, `is_ready`, `weak_type`, `aval`,
+# `unsafe_buffer_pointer`, ...), and of a tracer (what a FrozenConst derived
+# inside a transformation wraps). `FrozenConst` forwards each to its buffer with a
+# property of its own, not with `__getattr__`: a class with `__getattr__` makes
+# every attribute read on its instances slower, its own slots' included, which
+# was a fifth of what a cache hit cost beyond the one-slot floor (issue #26). The
+# instances' class is private `jax._src.array.ArrayImpl` (checked on jax 0.6.2,
+# 0.9.2, 0.10.2 and 0.12.0.1); making an array to ask its type would start a
+# backend at import. Fallback: `jax.Array`'s names (the API its stubs declare), and
+# operators that look their function up by name.
+# The same class also lets an operator on a FrozenConst call `jax.Array`'s own
+# operator function directly where the buffer is a concrete array
+# (`_frozen._forward_binary`), without looking it up by name on each use.
+def _find_array_impl() -> type | None:
+    try:
+        from jax._src.array import ArrayImpl
+    except ImportError:  # pragma: no cover - newer JAX layouts
+        return None
+    found: type = ArrayImpl
+    return found
+
+
+ArrayImpl: type | None = _find_array_impl()
+
+
+def array_attributes() -> frozenset[str]:
+    """The public attribute names of `jax.Array`, its instances' class and tracers."""
+    classes = [c for c in (jax.Array, ArrayImpl, Tracer) if c is not None]
+    return frozenset(n for c in classes for n in dir(c) if not n.startswith("_"))
+
+
 # The tracers of JAX's autodiff, so that a FrozenConst can be a constant to it
 # (`FrozenConst.tree_unflatten` stops their gradient) without changing the
 # programs of any other transformation: private `jax._src.interpreters.ad`'s

@@ -51,9 +51,10 @@ class Derived:
     __slots__ = ("__weakref__", "_frozen", "hits", "leaf", "serial")
 
     concrete = False
-    # As a store's (`Store.served`), read by `FrozenConst.__jax_array__`'s inlined
-    # cache hit: a derived value serves nothing from it, every use is `array`'s.
+    # As a store's (`Store.served`, `Store.hot`), read by `FrozenConst.__jax_array__`'s
+    # inlined cache hit: a derived value serves nothing from them, every use is `array`'s.
     served: Mapping[Any, jax.Array] = types.MappingProxyType({})
+    hot: jax.Array | None = None
 
     def __init__(self, leaf: Any) -> None:
         self.leaf = leaf

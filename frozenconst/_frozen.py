@@ -14,7 +14,14 @@ from numpy.typing import ArrayLike, DTypeLike
 
 from . import _hoisting
 from ._cache import STATE, Placement, Store, Use, owner_of
-from ._compat import DEFAULT_DEVICE, DIFFERENTIATED, Tracer, register_array_type
+from ._compat import (
+    DEFAULT_DEVICE,
+    DIFFERENTIATED,
+    ArrayImpl,
+    Tracer,
+    array_attributes,
+    register_array_type,
+)
 from ._derived import Derived, warn_derived_copy
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._host import HostMemory, frozen_copy, host_memory_choice
@@ -208,10 +215,15 @@ class FrozenConst(_StaticBase):
         of the same shape and dtype, and transformations keep the type (JEP 28661).
         """
         # `__jax_array__`, inlined (see there): as a call it cost a measurable part of a hit.
-        if self._sharding is None and not _hoisting.active:
+        if self._sharding is None:
             store = self._store
-            array = store.served.get(DEFAULT_DEVICE.value)
-            if array is not None and not array.is_deleted():
+            array = store.hot
+            if (
+                array is not None
+                and DEFAULT_DEVICE.value is None
+                and not _hoisting.active
+                and not array.is_deleted()
+            ):
                 if STATE.accounting:
                     store.hits += 1
                 return (array,), None
@@ -256,15 +268,21 @@ class FrozenConst(_StaticBase):
 
         While `frozenconst.jit` traces, a parameter of the compiled program (a tracer).
         """
-        # `Store.array`'s hit for the default placement, inlined (see `Store._by_device`):
-        # the call was a measurable part of a cache hit (`python -m benchmarks compare`,
-        # rows "cache hit ...: ratio to the one-slot floor"). Anything else (a frozenconst.jit
-        # trace in progress in any thread, a buffer not served yet or deleted, a declared
-        # sharding, a derived value) is `Store.array`'s.
-        if self._sharding is None and not _hoisting.active:
+        # `Store.array`'s hit for the default placement with no `jax_default_device` set
+        # (`Store.hot`), inlined: the call was a measurable part of a cache hit (`python -m
+        # benchmarks compare`, rows "cache hit ...: ratio to the one-slot floor"). Anything
+        # else (a `jax.default_device` in force, a frozenconst.jit trace in progress in any
+        # thread, a buffer not served yet or deleted, a declared sharding, a derived value)
+        # is `Store.array`'s.
+        if self._sharding is None:
             store = self._store
-            array = store.served.get(DEFAULT_DEVICE.value)
-            if array is not None and not array.is_deleted():
+            array = store.hot
+            if (
+                array is not None
+                and DEFAULT_DEVICE.value is None
+                and not _hoisting.active
+                and not array.is_deleted()
+            ):
                 if STATE.accounting:
                     store.hits += 1
                 return array
@@ -637,21 +655,13 @@ class FrozenConst(_StaticBase):
             return str(self)
         return format(self.__jax_array__(), format_spec)
 
-    def __getattr__(self, name: str) -> Any:
-        # Every other `jax.Array` attribute and method (`sum`, `reshape`, `T`,
-        # `at`, `sharding`, ...) acts on the cached device buffer.
-        if name.startswith("_") or name in _REFUSED:
-            if name in _REFUSED:
-                raise AttributeError(
-                    f"FrozenConst does not offer `{name}`: it would free the shared, cached "
-                    "device buffer. Use `x.evict()` to drop the cached buffers."
-                )
-            raise AttributeError(f"'FrozenConst' object has no attribute '{name}'")
-        return getattr(self.__jax_array__(), name)
-
     def __dir__(self) -> list[str]:
         names = set(super().__dir__()) | {n for n in dir(jax.Array) if not n.startswith("_")}
         return sorted(names - _REFUSED)
+
+    # Every other public `jax.Array` attribute and method (`sum`, `reshape`, `T`, `at`,
+    # `sharding`, ...) is a property installed below the class (`_install_forwarded`)
+    # that reads it off the cached device buffer.
 
 
 # -- pickling a declared sharding -------------------------------------------------
@@ -769,12 +779,26 @@ def _unwrap(value: Any) -> Any:
 
 def _forward(name: str) -> Any:
     def method(self: FrozenConst, *args: Any) -> Any:
-        if len(args) == 1:  # binary operators: the common case, without `map`
-            other = args[0]
-            if isinstance(other, FrozenConst):
-                other = other.__jax_array__()
-            return getattr(self.__jax_array__(), name)(other)
         return getattr(self.__jax_array__(), name)(*map(_unwrap, args))
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"Same as `jax.Array.{name}` on the cached device buffer."
+    return method
+
+
+def _forward_binary(name: str) -> Any:
+    # The common case, one operand, without `*args` and `map`, and with `jax.Array`'s own
+    # function where the buffer is a concrete array (a tracer's is looked up by name):
+    # `x @ w` was the cache hit furthest from the one-slot floor (issue #26).
+    on_array = getattr(ArrayImpl, name, None)
+
+    def method(self: FrozenConst, other: Any) -> Any:
+        if isinstance(other, FrozenConst):
+            other = other.__jax_array__()
+        array = self.__jax_array__()
+        if type(array) is ArrayImpl:
+            return on_array(array, other)  # type: ignore[misc]
+        return getattr(array, name)(other)
 
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"Same as `jax.Array.{name}` on the cached device buffer."
@@ -793,12 +817,47 @@ _OPERATORS = [
 ]
 
 
+# Those taking other than exactly one operand: `round(x)` and `round(x, 2)`.
+_NOT_BINARY = frozenset({"__neg__", "__pos__", "__abs__", "__invert__", "__round__"})
+
+
 def _install_operators() -> None:
     for name in _OPERATORS:
-        setattr(FrozenConst, name, _forward(name))
+        setattr(FrozenConst, name, (_forward if name in _NOT_BINARY else _forward_binary)(name))
+
+
+def _forwarded(name: str) -> property:
+    def get(self: FrozenConst) -> Any:
+        return getattr(self.__jax_array__(), name)
+
+    get.__name__ = get.__qualname__ = name
+    return property(get, doc=f"Same as `jax.Array.{name}`, read off the cached device buffer.")
+
+
+def _refused(name: str) -> property:
+    def get(self: FrozenConst) -> Any:
+        raise AttributeError(
+            f"FrozenConst does not offer `{name}`: it would free the shared, cached "
+            "device buffer. Use `x.evict()` to drop the cached buffers."
+        )
+
+    get.__name__ = get.__qualname__ = name
+    return property(get)
+
+
+def _install_forwarded() -> None:
+    # A name FrozenConst defines itself (`shape`, `dtype`, ...) stays its own. A name no
+    # JAX array has raises the usual AttributeError; one that the buffer lacks (a tracer's
+    # own, on a concrete constant) raises the buffer's, as `getattr(jnp.asarray(x), name)`.
+    for name in sorted(array_attributes()):
+        if name in _REFUSED:
+            setattr(FrozenConst, name, _refused(name))
+        elif not hasattr(FrozenConst, name):
+            setattr(FrozenConst, name, _forwarded(name))
 
 
 _install_operators()
+_install_forwarded()
 # Registered with the methods themselves (not `register_pytree_with_keys_class`,
 # which calls them through `operator.methodcaller`): one call less per flatten.
 jax.tree_util.register_pytree_with_keys(

@@ -442,3 +442,26 @@ def test_without_jaxs_autodiff_tracers_every_tracer_is_stopped_and_gradients_are
     monkeypatch.undo()
     assert "stop_gradient" not in str(jax.make_jaxpr(lambda t: t["c"] * 1)(tree))
     assert (_compat.Tracer,) != _compat.DIFFERENTIATED  # found on every supported JAX
+
+
+@pytest.mark.parametrize("name", ["__matmul__", "__add__", "__rsub__", "__truediv__", "__lt__", "__eq__"])
+def test_without_jaxs_array_class_operators_and_attributes_are_found_by_name(monkeypatch, name):
+    # `_compat.ArrayImpl` (private `jax._src.array.ArrayImpl`) falls back to None: each
+    # operator looks `jax.Array`'s function up by name on the buffer, with the same result,
+    # and the forwarded attributes are still every name `jax.Array` declares.
+    from frozenconst import _frozen
+
+    assert _compat.ArrayImpl is not None  # found on every supported JAX
+    x = FrozenConst(unique_data((3, 3)))
+    w = jnp.asarray(unique_data((3, 3)))
+    expected = getattr(jnp.asarray(x), name)(w)
+    monkeypatch.setattr(_compat, "ArrayImpl", None)
+    monkeypatch.setattr(_frozen, "ArrayImpl", None)
+    public = {n for n in dir(jax.Array) if not n.startswith("_")}
+    assert public <= _compat.array_attributes()
+    by_name = _frozen._forward_binary(name)
+    np.testing.assert_array_equal(np.asarray(by_name(x, w)), np.asarray(expected))
+    np.testing.assert_array_equal(np.asarray(by_name(x, FrozenConst(w))), np.asarray(expected))
+    # Inside a transformation the buffer is a tracer, found by name with or without the class.
+    traced = jax.jit(lambda v: by_name(FrozenConst(np.asarray(x)), v))(w)
+    np.testing.assert_array_equal(np.asarray(traced), np.asarray(expected))
