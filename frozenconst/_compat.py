@@ -497,9 +497,9 @@ def _find_array_impl() -> type | None:
 ArrayImpl: type | None = _find_array_impl()
 
 
-def array_attributes() -> frozenset[str]:
-    """The public attribute names of `jax.Array`, its instances' class and tracers."""
-    classes = [c for c in (jax.Array, ArrayImpl, Tracer) if c is not None]
+def array_attributes(tracers: bool = True) -> frozenset[str]:
+    """The public attribute names of `jax.Array`, its instances' class and (`tracers`) tracers."""
+    classes = [c for c in (jax.Array, ArrayImpl, Tracer if tracers else None) if c is not None]
     return frozenset(n for c in classes for n in dir(c) if not n.startswith("_"))
 
 

@@ -656,8 +656,9 @@ class FrozenConst(_StaticBase):
         return format(self.__jax_array__(), format_spec)
 
     def __dir__(self) -> list[str]:
-        names = set(super().__dir__()) | {n for n in dir(jax.Array) if not n.startswith("_")}
-        return sorted(names - _REFUSED)
+        # What a constant answers: its own names and its buffer's, not the refused ones nor
+        # a tracer's own (forwarded too, for a value derived inside a transformation).
+        return sorted(set(super().__dir__()) - _UNLISTED)
 
     # Every other public `jax.Array` attribute and method (`sum`, `reshape`, `T`, `at`,
     # `sharding`, ...) is a property installed below the class (`_install_forwarded`)
@@ -858,6 +859,7 @@ def _install_forwarded() -> None:
 
 _install_operators()
 _install_forwarded()
+_UNLISTED = _REFUSED | (array_attributes() - array_attributes(tracers=False))
 # Registered with the methods themselves (not `register_pytree_with_keys_class`,
 # which calls them through `operator.methodcaller`): one call less per flatten.
 jax.tree_util.register_pytree_with_keys(
