@@ -194,6 +194,7 @@ def markdown(results: dict[str, Any], command: str) -> str:
         "`frozenconst` they import: the base revision's, extracted with `git archive`, or the working",
         f"tree's. {results['pairs']} pairs of processes, base and working tree alternating in ABBA",
         f"order; in each process {results['rounds']} rounds of 1000 calls per side of every A/B ratio",
+        f"({3 * results['rounds']} for the cache hits)",
         "(each batch's last result waited for), against baselines measured in the same process. Ratio",
         "and time columns: medians over a side's processes (the time is FrozenConst's call, or",
         "`frozenconst.jit`'s). Change: the median over pairs of (working-tree ratio / base ratio);",

@@ -1,7 +1,8 @@
 """The device cache: one `jax.Array` per placement, transferred once from the frozen host buffer.
 
 The first of two cache tiers: `Store.array`, the path every use of a constant
-takes, a hit one dict lookup. The second is `frozenconst.jit`'s
+takes, a hit one dict lookup (one slot, `Store.hot`, for the default placement
+while no `jax.default_device` is in force). The second is `frozenconst.jit`'s
 (`_groups.Group.arrays`): the tuple of arrays a function fed last, fed again
 while nothing here changed (`STATE.epoch`). Both count their hits here
 (`Store.array`, `Store.count_hits`).
@@ -365,7 +366,8 @@ class Store:
         benchmarks compare`, rows "cache hit ...: ratio to the one-slot floor";
         the figures are in `docs/results/`). For the same reason
         `FrozenConst.__jax_array__` and `FrozenConst.tree_flatten` inline the
-        hit of the default placement (`_by_device`), and come here for the rest.
+        hit of the default placement under no `jax.default_device` (`hot`), and
+        come here for the rest.
         """
         if traced and _hoisting.active and _hoisting.scope.frames:
             value = _hoisting.resolve(self, sharding)

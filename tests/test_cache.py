@@ -217,3 +217,23 @@ def test_cpu_device_buffer_aliases_the_frozen_host_buffer():
     x = FrozenConst(unique_data())
     a = jnp.asarray(x)
     assert a.unsafe_buffer_pointer() == np.asarray(x).ctypes.data
+
+
+@pytest.mark.host_memory
+def test_evicting_the_default_devices_placement_drops_the_default_buffer_too():
+    # `evict(sharding)` with a single-device sharding drops the default buffer on that
+    # device as well: every use made after it transfers again, and nothing of ours keeps
+    # the old buffer alive (the default placement's hit reads one slot, `Store.hot`).
+    data = unique_data()
+    x = FrozenConst(data)
+    device = jax.devices()[0]
+    old = jnp.asarray(x)
+    x.on(device)  # committing the default buffer: the same device memory
+    before = x.stats().transfers
+    x.evict(jax.sharding.SingleDeviceSharding(device))
+    assert x.placements == ()
+    del old
+    assert live_copies(data) == 0
+    new = jnp.asarray(x)
+    assert x.stats().transfers == before + 1 and live_copies(data) == 1
+    np.testing.assert_array_equal(np.asarray(new), data)
