@@ -14,7 +14,9 @@ process of its own (JAX reads it at import). Per-call times are medians of
 interleaved rounds (every variant once per round, in an order shuffled each
 round), each a batch of calls whose last result is waited for
 (`block_until_ready`), so a time is what a call costs, not how fast calls
-enter JAX's dispatch queue; ratios are per round against the better of
+enter JAX's dispatch queue. Each variant's batch is as many calls as take
+about 5 ms (at least 3), so that the wait for the last call is a small part
+of every variant's time, the fastest ones' too; ratios are per round against the better of
 `jax.jit`'s two forms in that round, then the median. First calls are timed
 on fresh functions (medians of three).
 """
@@ -143,6 +145,16 @@ def _first_call(make: Callable[[], Callable[[], Any]], repeats: int) -> float:
     return statistics.median(times)
 
 
+# Seconds a batch of one variant's calls takes (the last call's result waited for).
+_BATCH_S = 0.005
+
+
+def _batch_size(call: Callable[[], Any]) -> int:
+    """Calls of `call` that take about `_BATCH_S`, from the median of a few short batches."""
+    each = statistics.median(_block(call, 3) for _ in range(5))
+    return max(3, min(4000, round(_BATCH_S / each)))
+
+
 def measure(k: int, size: str, rounds: int) -> list[dict[str, Any]]:
     """Per-call and first-call time of every variant for K constants of `size`."""
     makers = _makers(k, SIZES[size])
@@ -152,7 +164,11 @@ def measure(k: int, size: str, rounds: int) -> list[dict[str, Any]]:
     calls = {name: make() for name, make in makers.items()}
     for call in calls.values():
         call().block_until_ready()
-    n = max(5, 4000 // max(k, 1)) if size == "16 B" else max(3, 400 // max(k, 1))
+    # Each variant's batch takes about `_BATCH_S`: as many calls as fit, at least 3. One
+    # size for all, set by the slowest (`nnx.jit` at K = 1000: 30 ms a call), made the
+    # fast variants' batches 5 calls, whose time was mostly the wait for the last one and
+    # moved by 1.4x from run to run (issue #26, K = 1000).
+    batch = {name: _batch_size(call) for name, call in calls.items()}
     names = list(calls)
     per_round: dict[str, list[float]] = {name: [] for name in names}
     # In a fixed order some slots came out up to 1.6x slower, whichever variant
@@ -164,7 +180,7 @@ def measure(k: int, size: str, rounds: int) -> list[dict[str, Any]]:
             order = list(names)
             shuffle(order)
             for name in order:
-                per_round[name].append(_block(calls[name], n))
+                per_round[name].append(_block(calls[name], batch[name]))
     finally:
         gc.enable()
     best = [
