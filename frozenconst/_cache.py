@@ -133,20 +133,11 @@ def dtype_words(host_dtype: np.dtype[Any]) -> str:
     return f"dtype={dtype}" if dtype == host_dtype else f"dtype={dtype}, host_dtype={host_dtype}"
 
 
-# The key of a use of a constant: its declared sharding (None: the default
-# device), the `jax_default_device` setting, the x64 flag. Several keys can
-# resolve to one device buffer.
-UseKey: TypeAlias = tuple[Sharding | None, Any, Any]
-
-
-def setting_key(sharding: Sharding | None) -> UseKey:
-    """The key a use of a constant with this declared sharding has under the current settings.
-
-    The one place that builds it; `Store.array` inlines it, and serves the default
-    placement of a constant whose device dtype x64 does not change under the
-    setting of `jax_default_device` alone (`Store._by_device`).
-    """
-    return (sharding, DEFAULT_DEVICE.value, X64.value)
+# The key of a use of a constant in `Store.served`: its declared sharding (None: the
+# default device), the `jax_default_device` setting, the x64 flag; for the default
+# placement of a constant whose device dtype x64 does not change, the setting alone
+# (`Store._by_device`). Several keys can resolve to one device buffer. `Store.array`
+# builds it, inlined there (the one place).
 
 
 class FedArrays:
@@ -246,7 +237,7 @@ class Store:
         self.hits = 0
         self.transfers = 0
         LIVE.add(self)
-        # What each use gets, one dict lookup: keyed by `setting_key`, except the
+        # What each use gets, one dict lookup: keyed as the note above `FedArrays` says, except the
         # default placement where x64 does not change the device dtype (`_by_device`).
         self.served: dict[Any, jax.Array] = {}
         # `served[None]`, where there is one: the default placement's buffer while
@@ -361,8 +352,8 @@ class Store:
 
         The one cache-hit path: every use (`jnp` calls, jit arguments, `x.on`,
         `frozenconst.jit`'s feeding) comes here, and a hit is one dict lookup.
-        It inlines `_hoisting.tracing()` and `setting_key()`, the one inlined
-        copy of each: as calls they cost a measurable part of a hit (`python -m
+        It inlines `_hoisting.tracing()` and builds the key of `served` (see
+        above `FedArrays`) itself: as calls they cost a measurable part of a hit (`python -m
         benchmarks compare`, rows "cache hit ...: ratio to the one-slot floor";
         the figures are in `docs/results/`). For the same reason
         `FrozenConst.__jax_array__` and `FrozenConst.tree_flatten` inline the

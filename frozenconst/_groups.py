@@ -23,16 +23,19 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from . import _hoisting
 from ._argnums import Argnums
-from ._cache import FED, STATE, FedArrays, Store, Use, owner_of, setting_key
+from ._cache import FED, STATE, FedArrays, Store, Use, owner_of
 from ._compat import (
+    DEFAULT_DEVICE,
     SIMPLIFIED_CONSTANTS,
+    X64,
     Tracer,
     captured_arrays,
     on_clear_caches,
@@ -90,14 +93,24 @@ class Group(FedArrays):
         jax.jit"). Their hits are counted by `Store.count_hits`, as the first
         tier counts its own.
         """
-        fed, key = self.fed, setting_key(None)
-        if fed is not None and fed.epoch == STATE.epoch and fed.key == key and not tracing():
+        # The check, inlined (no `setting_key` tuple to build and compare, no `tracing()` call
+        # while no trace runs anywhere) and read off slots: it was most of what a call with a
+        # constant as a parameter cost beyond `jax.jit` with it as an argument (issue #26,
+        # `python -m benchmarks constants`, 1 MiB constants).
+        fed = self.fed
+        if (
+            fed is not None
+            and fed.epoch == STATE.epoch
+            and fed.device is DEFAULT_DEVICE.value
+            and fed.x64 is X64.value
+            and not (_hoisting.active and tracing())
+        ):
             Store.count_hits(self.uses)
             return fed.arrays
-        epoch = STATE.epoch
+        epoch, device, x64 = STATE.epoch, DEFAULT_DEVICE.value, X64.value
         arrays = arrays_for(self.uses, args, kwargs)
         if self.reusable and not tracing():
-            self.fed = Fed(arrays, key, epoch)
+            self.fed = Fed(arrays, device, x64, epoch)
             FED.add(self)
         return arrays
 
@@ -106,12 +119,18 @@ class Group(FedArrays):
         self.fed = None
 
 
-class Fed(NamedTuple):
-    """The arrays a `Group` fed last, and the settings and device caches they were fed under."""
+class Fed:
+    """The arrays a `Group` fed last, and the settings and device caches they were fed under:
+    the `jax_default_device` setting (compared by identity: an equal setting of another
+    identity only feeds afresh), the x64 setting and `STATE.epoch`."""
 
-    arrays: tuple[jax.Array, ...]
-    key: Any
-    epoch: int
+    __slots__ = ("arrays", "device", "epoch", "x64")
+
+    def __init__(self, arrays: tuple[jax.Array, ...], device: Any, x64: bool, epoch: int) -> None:
+        self.arrays = arrays
+        self.device = device
+        self.x64 = x64
+        self.epoch = epoch
 
 
 def arrays_for(uses: Sequence[Use], args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
