@@ -49,6 +49,22 @@ def test_the_cache_hit_figures_are_the_latest_runs():
     assert f"FrozenConst is at {min(cache):.3f}x to {max(cache):.3f}x of it" in text
 
 
+def test_the_per_call_figures_are_the_latest_constants_runs():
+    rows = _results("constants-results.json")["rows"]
+
+    def span(pipeline, variant, key):
+        got = [r[key] for r in rows if (r["pipeline"], r["variant"], r["size"]) == (pipeline, variant, "16 B")]
+        return f"{min(got):.3f}x to {max(got):.3f}x"
+
+    text = _text("docs/performance.md")
+    ours, floor = "frozenconst.jit", "Python layer (floor)"
+    assert f"`frozenconst.jit` is at {span('default', ours, 'vs_best_jax_jit')} of the better" in text
+    assert f"({span('simplified', ours, 'vs_best_jax_jit')} under the simplified one)" in text
+    assert f"the floor itself is at {span('default', floor, 'vs_best_jax_jit')}" in text
+    assert f"({span('simplified', floor, 'vs_best_jax_jit')}): against the floor" in text
+    assert f"`frozenconst.jit` is at {span('default', ours, 'vs_floor')} ({span('simplified', ours, 'vs_floor')})" in text
+
+
 def test_the_sha256_speed_is_the_latest_runs():
     (sha,) = [
         r["gbs"] for r in _results("performance-results.json")["fingerprint"] if r["what"] == "hashlib.sha256"
