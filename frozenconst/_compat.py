@@ -471,20 +471,15 @@ def jax_filtered(err: BaseException) -> bool:
 Tracer: type = jax.core.Tracer
 
 
-# The public attributes a `jax.Array` answers: those of `jax.Array` and of the class
-# of its instances, which adds some (`devices`, `is_ready`, `weak_type`, `aval`,
-# `unsafe_buffer_pointer`, ...), and of a tracer (what a FrozenConst derived
-# inside a transformation wraps). `FrozenConst` forwards each to its buffer with a
-# property of its own, not with `__getattr__`: a class with `__getattr__` makes
-# every attribute read on its instances slower, its own slots' included, which
-# was a fifth of what a cache hit cost beyond the one-slot floor (issue #26). The
-# instances' class is private `jax._src.array.ArrayImpl` (checked on jax 0.6.2,
-# 0.9.2, 0.10.2 and 0.12.0.1); making an array to ask its type would start a
-# backend at import. Fallback: `jax.Array`'s names (the API its stubs declare), and
-# operators that look their function up by name.
-# The same class also lets an operator on a FrozenConst call `jax.Array`'s own
-# operator function directly where the buffer is a concrete array
-# (`_frozen._forward_binary`), without looking it up by name on each use.
+# The class of JAX's concrete arrays: private `jax._src.array.ArrayImpl` (checked on
+# jax 0.6.2, 0.9.2, 0.10.2 and 0.12.0.1); making an array to ask its type would
+# start a backend at import. Two uses: its public attributes, which it adds to
+# `jax.Array`'s (`devices`, `is_ready`, `weak_type`, `aval`, `unsafe_buffer_pointer`,
+# ...; `array_attributes`), and its operator functions, which an operator on a
+# FrozenConst calls directly where the buffer is a concrete array, without looking
+# them up by name on each use (`_frozen._forward_binary`). Fallback: None, so
+# `jax.Array`'s names only (the API its stubs declare), and operators that look
+# their function up by name.
 def _find_array_impl() -> type | None:
     try:
         from jax._src.array import ArrayImpl
@@ -497,6 +492,12 @@ def _find_array_impl() -> type | None:
 ArrayImpl: type | None = _find_array_impl()
 
 
+# The public attributes a `jax.Array` answers: `jax.Array`'s, its instances' class's,
+# and (`tracers`) a tracer's, what a FrozenConst derived inside a transformation
+# wraps. `FrozenConst` forwards each to its buffer with a property of its own, not
+# with `__getattr__`: a class with `__getattr__` makes every attribute read on its
+# instances slower, its own slots' included, which was a fifth of what a cache hit
+# cost beyond the one-slot floor (issue #26).
 def array_attributes(tracers: bool = True) -> frozenset[str]:
     """The public attribute names of `jax.Array`, its instances' class and (`tracers`) tracers."""
     classes = [c for c in (jax.Array, ArrayImpl, Tracer if tracers else None) if c is not None]

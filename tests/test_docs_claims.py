@@ -53,7 +53,8 @@ def test_the_per_call_figures_are_the_latest_constants_runs():
     rows = _results("constants-results.json")["rows"]
 
     def span(pipeline, variant, key):
-        got = [r[key] for r in rows if (r["pipeline"], r["variant"], r["size"]) == (pipeline, variant, "16 B")]
+        wanted = (pipeline, variant, "16 B")
+        got = [r[key] for r in rows if (r["pipeline"], r["variant"], r["size"]) == wanted]
         return f"{min(got):.3f}x to {max(got):.3f}x"
 
     text = _text("docs/performance.md")
@@ -62,7 +63,33 @@ def test_the_per_call_figures_are_the_latest_constants_runs():
     assert f"({span('simplified', ours, 'vs_best_jax_jit')} under the simplified one)" in text
     assert f"the floor itself is at {span('default', floor, 'vs_best_jax_jit')}" in text
     assert f"({span('simplified', floor, 'vs_best_jax_jit')}): against the floor" in text
-    assert f"`frozenconst.jit` is at {span('default', ours, 'vs_floor')} ({span('simplified', ours, 'vs_floor')})" in text
+    against = f"{span('default', ours, 'vs_floor')} ({span('simplified', ours, 'vs_floor')})"
+    assert f"`frozenconst.jit` is at {against}" in text
+
+
+def test_the_comparison_quoted_is_the_latest_runs():
+    compare = _results("benchmark-compare.json")
+    rows = {r["quantity"]: r for r in compare["rows"]}
+    gated = [r["change"] for r in rows.values() if r["gated"]]
+    control = [r["change"] for r in rows.values() if not r["gated"]]
+    text = _text("docs/performance.md")
+    assert all(r["within"] for r in rows.values() if r["gated"])
+    assert f"against `{compare['base_rev']}`, the commit before them: {compare['pairs']} pairs" in text
+    assert f"(changes {min(gated):.3f} to {max(gated):.3f}; the control" in text
+    assert f"moved {control[0]:.3f})" in text
+
+    def span(floor, side):
+        got = [r[side] for name, r in rows.items() if name.endswith(f"ratio to the {floor}")]
+        return f"{min(got):.3f}x to {max(got):.3f}x"
+
+    assert (
+        f"{span('one-slot floor', 'base_ratio')} before and {span('one-slot floor', 'working_ratio')} after"
+        in text
+    )
+    assert (
+        f"{span('one-slot cache floor', 'base_ratio')} before and "
+        f"{span('one-slot cache floor', 'working_ratio')} after" in text
+    )
 
 
 def test_the_sha256_speed_is_the_latest_runs():
