@@ -179,9 +179,9 @@ package: $(VENV311)/.installed
 	  ../tests/test_installed.py ../tests/test_plugins.py ../tests/test_cache.py ../tests/test_host.py ../tests/test_jit.py
 
 # Everything CI runs, TEST_JOBS at a time. The default passes come first (a fresh clone's
-# run here, commit 3ce740e: 3.11 default 843 s, 0.9.2 default 683, 0.6.2 566, 3.12 default
-# 562, then the simplified passes: 3.11 551 s, 0.9.2 504, 3.12 368 with its default pass's
-# cache), so the short checks fill the gaps at the end;
+# run here, commit fab47d3: 3.11 default 567 s, 0.9.2 default 473, 3.12 default 384, 0.6.2
+# 370, then the simplified passes: 3.11 366 s, 0.9.2 321, 3.12 228 with its default pass's
+# cache; 1,627 s in all), so the short checks fill the gaps at the end;
 # `--output-sync=target` prints each one's output whole when it ends, and the first failure
 # fails `make test` (once the jobs already running have ended).
 CHECKS := pytest-311-default pytest-floor pytest-middle-default pytest-312-default \
