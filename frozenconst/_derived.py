@@ -16,9 +16,7 @@ methods, and neither the handle nor they branch on which kind it is.
 
 from __future__ import annotations
 
-import types
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -51,9 +49,8 @@ class Derived:
     __slots__ = ("__weakref__", "_frozen", "hits", "leaf", "serial")
 
     concrete = False
-    # As a store's (`Store.served`, `Store.hot`), read by `FrozenConst.__jax_array__`'s
-    # inlined cache hit: a derived value serves nothing from them, every use is `array`'s.
-    served: Mapping[Any, jax.Array] = types.MappingProxyType({})
+    # As a store's (`Store.hot`), read by `FrozenConst.__jax_array__`'s inlined cache hit:
+    # a derived value serves nothing from it, every use is `array`'s.
     hot: jax.Array | None = None
 
     def __init__(self, leaf: Any) -> None:

@@ -791,13 +791,16 @@ def _forward_binary(name: str) -> Any:
     # The common case, one operand, without `*args` and `map`, and with `jax.Array`'s own
     # function where the buffer is a concrete array (a tracer's is looked up by name):
     # `x @ w` was the cache hit furthest from the one-slot floor (issue #26).
+    # `impl` is None where the class lacks the operator (or JAX lacks the class): every
+    # buffer's is then looked up by name, at no extra check per call.
     on_array = getattr(ArrayImpl, name, None)
+    impl = None if on_array is None else ArrayImpl
 
     def method(self: FrozenConst, other: Any) -> Any:
         if isinstance(other, FrozenConst):
             other = other.__jax_array__()
         array = self.__jax_array__()
-        if type(array) is ArrayImpl:
+        if type(array) is impl:
             return on_array(array, other)  # type: ignore[misc]
         return getattr(array, name)(other)
 
