@@ -66,7 +66,8 @@ COMPILE_CACHE = FROZENCONST_TEST_COMPILATION_CACHE=$(CURDIR)/$(1)/compilation-ca
 # its simplified pass's 566 s. A user's own XLA_FLAGS are kept, after it.
 QUICK_CODEGEN := XLA_FLAGS="--xla_backend_optimization_level=0 $${XLA_FLAGS:-}"
 
-.PHONY: demo test test-fast checks lint typecheck docs doctest doctest-default doctest-simplified package \
+.PHONY: demo test test-fast checks lint typecheck docs doctest doctest-wheel doctest-default doctest-simplified \
+  doctest-312-default doctest-312-simplified doctest-middle-default doctest-middle-simplified doctest-floor package \
   pytest-311 pytest-311-default pytest-311-simplified pytest-312 pytest-312-default pytest-312-simplified \
   pytest-floor pytest-middle pytest-middle-default pytest-middle-simplified bench bench-compare \
   gpu gpu-bundle gpu-results clean
@@ -123,14 +124,37 @@ docs: $(VENV311)/.installed
 	@# Not --quiet: it hides the warnings that --strict turns into a failure.
 	NO_MKDOCS_2_WARNING=1 $(VENV311)/bin/mkdocs build --strict --site-dir .site
 
-# The docstrings' and the docs' examples (README.md's quick start included),
-# under each constant pipeline.
-DOCTEST_ARGS := --doctest-modules frozenconst --doctest-glob='*.md' docs README.md
-doctest: doctest-default doctest-simplified
-doctest-default: $(VENV311)/.installed
-	$(DEFAULT_PIPELINE) $(VENV311)/bin/python -m pytest $(PYTEST_FLAGS) $(DOCTEST_ARGS)
-doctest-simplified: $(VENV311)/.installed
-	$(SIMPLIFIED_PIPELINE) $(VENV311)/bin/python -m pytest $(PYTEST_FLAGS) $(DOCTEST_ARGS)
+# The examples of README.md, the docs and the docstrings, run as a user runs them: with the
+# wheel installed and the frameworks beside it, not this checkout. `doctest-wheel` builds the
+# wheel and installs it into $(DOCS_WHEEL) (`pip install --target`); each pass runs from
+# there, outside the checkout, with an environment's Python started with `-S`, which reads
+# none of the environment's .pth files, the editable install's among them (it puts this
+# checkout on sys.path), and PYTHONPATH naming the wheel, then the environment's
+# site-packages (JAX, equinox, flax, optax, orbax, ...). An example that imports from the
+# checkout (`examples/`) fails here as it fails for a pip user. Every JAX environment,
+# under each constant pipeline it has; compiled at XLA's default level, as users' programs are.
+DOCS_WHEEL := .docs-wheel
+DOCTEST_ARGS := --doctest-glob='*.md' $(CURDIR)/docs $(CURDIR)/README.md --doctest-modules --pyargs frozenconst
+# $(1): the environment; $(2): the constant pipeline.
+DOCTEST_RUN = cd $(DOCS_WHEEL) && $(2) \
+  PYTHONPATH=$(CURDIR)/$(DOCS_WHEEL):$$(echo $(CURDIR)/$(1)/lib/python3.*/site-packages) \
+  $(CURDIR)/$(1)/bin/python -S -m pytest $(PYTEST_FLAGS) $(DOCTEST_ARGS)
+doctest: doctest-default doctest-simplified doctest-312-default doctest-312-simplified \
+  doctest-middle-default doctest-middle-simplified doctest-floor
+doctest-wheel: $(VENV311)/.installed
+	rm -rf $(DOCS_WHEEL) && mkdir -p $(DOCS_WHEEL)/.build
+	$(VENV311)/bin/python -m build --wheel --outdir $(DOCS_WHEEL)/.build . > /dev/null
+	$(VENV311)/bin/python -m pip install $(PIP_FLAGS) --no-deps --target $(DOCS_WHEEL) $(DOCS_WHEEL)/.build/*.whl
+doctest-default: doctest-wheel $(VENV311)/.installed
+	$(call DOCTEST_RUN,$(VENV311),$(DEFAULT_PIPELINE))
+doctest-simplified: doctest-wheel $(VENV311)/.installed
+	$(call DOCTEST_RUN,$(VENV311),$(SIMPLIFIED_PIPELINE))
+doctest-middle-default: doctest-wheel $(VENVMIDDLE)/.installed
+	$(call DOCTEST_RUN,$(VENVMIDDLE),$(DEFAULT_PIPELINE))
+doctest-middle-simplified: doctest-wheel $(VENVMIDDLE)/.installed
+	$(call DOCTEST_RUN,$(VENVMIDDLE),$(SIMPLIFIED_PIPELINE))
+doctest-floor: doctest-wheel $(VENVFLOOR)/.installed
+	$(call DOCTEST_RUN,$(VENVFLOOR),$(DEFAULT_PIPELINE))
 
 # Each environment runs the suite twice: with JAX's default constant pipeline
 # (variable unset) and with the simplified one, each pass a target of its own
@@ -150,8 +174,12 @@ pytest-312-default: $(VENV312)/.installed
 	$(DEFAULT_PIPELINE) $(call COMPILE_CACHE,$(VENV312)) $(QUICK_CODEGEN) $(VENV312)/bin/python -m pytest $(PYTEST_FLAGS)
 pytest-312-simplified: $(VENV312)/.installed
 	$(SIMPLIFIED_PIPELINE) $(call COMPILE_CACHE,$(VENV312)) $(QUICK_CODEGEN) $(VENV312)/bin/python -m pytest $(PYTEST_FLAGS) $(SIMPLIFIED_ONLY_FLAGS)
+doctest-312-default: doctest-wheel $(VENV312)/.installed
+	$(call DOCTEST_RUN,$(VENV312),$(DEFAULT_PIPELINE))
+doctest-312-simplified: doctest-wheel $(VENV312)/.installed
+	$(call DOCTEST_RUN,$(VENV312),$(SIMPLIFIED_PIPELINE))
 else
-pytest-312 pytest-312-default pytest-312-simplified:
+pytest-312 pytest-312-default pytest-312-simplified doctest-312-default doctest-312-simplified:
 	@if [ "$${CI:-}" = "true" ]; then echo "error: no Python 3.12 found under CI; set PYTHON312=/path/to/python3.12" >&2; exit 1; fi
 	@echo "warning: no Python 3.12 found; skipping $@, the Python 3.12 + newest JAX run (set PYTHON312=...)" >&2
 endif
@@ -186,7 +214,8 @@ package: $(VENV311)/.installed
 # fails `make test` (once the jobs already running have ended).
 CHECKS := pytest-311-default pytest-floor pytest-middle-default pytest-312-default \
   pytest-311-simplified pytest-312-simplified pytest-middle-simplified \
-  package typecheck doctest-default doctest-simplified docs lint
+  package typecheck doctest-default doctest-simplified doctest-312-default doctest-312-simplified \
+  doctest-middle-default doctest-middle-simplified doctest-floor docs lint
 test:
 	$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target checks
 checks: $(CHECKS)
@@ -250,4 +279,4 @@ gpu-results:
 	python3 tools/gpu-results "$(FROM)" docs/results
 
 clean:
-	rm -rf $(VENV311) $(VENV312) $(wildcard .venv-py3*) $(VENVFLOOR) $(VENVMIDDLE) .venv-wheel .dist .site .mypy_cache .ruff_cache $(GPU_BUNDLE)
+	rm -rf $(VENV311) $(VENV312) $(wildcard .venv-py3*) $(VENVFLOOR) $(VENVMIDDLE) .venv-wheel .dist $(DOCS_WHEEL) .site .mypy_cache .ruff_cache $(GPU_BUNDLE)

@@ -8,6 +8,7 @@
     python -m benchmarks multihost       # constants bigger than one host: per-process RSS, 2 and 4 processes
     python -m benchmarks constants       # per-call cost against the number of constants, with the peers
     python -m benchmarks training        # the pytree choice, and training steps with a large table
+    python -m benchmarks finetune        # the five fine-tuning examples, as written and with the one line
     python -m benchmarks startup         # what the entry points add to `import hypothesis` and to pytest
     python -m benchmarks static-slices   # HLO bytes of a Whisper decoder stand-in slicing its causal mask
     python -m benchmarks compare REV     # the core section's per-call figures: git revision REV's
@@ -42,6 +43,7 @@ from . import (
     constants,
     core,
     disk,
+    finetune,
     multihost,
     seed,
     seed_real,
@@ -186,6 +188,7 @@ def main() -> None:
             "core",
             "constants",
             "training",
+            "finetune",
             "disk",
             "multihost",
             "startup",
@@ -229,6 +232,7 @@ def main() -> None:
         "core": lambda: core.main(args.quick, docs),
         "constants": lambda: constants.main(args.quick, docs),
         "training": lambda: training.main(args.quick, docs),
+        "finetune": lambda: finetune.main(args.quick, docs),
         "disk": lambda: disk.main([64] if args.quick else [256, 1024], docs),  # up to 1 GiB in a temp dir
         "multihost": lambda: multihost.main(args.quick, docs),
         "startup": lambda: startup.main(args.quick, docs),

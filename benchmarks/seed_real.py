@@ -261,8 +261,8 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], command: str, wall
     )
 
 
-README_BEGIN, README_END = "<!-- seed-real:begin -->", "<!-- seed-real:end -->"
-_README_VARIANTS = {
+PAGE_BEGIN, PAGE_END = "<!-- seed-real:begin -->", "<!-- seed-real:end -->"
+_PAGE_VARIANTS = {
     "numpy-closure": "raw NumPy array, closed over, `jax.jit`",
     "jnp.array-closure": "`jnp.array`, closed over, `jax.jit`",
     "argument": "`jnp.array` passed as an argument, `jax.jit` (baseline)",
@@ -271,8 +271,8 @@ _README_VARIANTS = {
 }
 
 
-def readme_table(rows: list[dict[str, Any]]) -> str:
-    """The README's first table: every variant of the real-size case, figures and ratios."""
+def page_table(rows: list[dict[str, Any]]) -> str:
+    """docs/performance.md's first table: every variant of the real-size case, figures and ratios."""
     base = {r["pipeline"]: r for r in rows if r["variant"] == "argument"}
     lines = [
         f"| one {rows[0]['mib']:g} MiB constant, {rows[0]['layers']} layers | pipeline "
@@ -280,7 +280,7 @@ def readme_table(rows: list[dict[str, Any]]) -> str:
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        what = _README_VARIANTS[r["variant"]]
+        what = _PAGE_VARIANTS[r["variant"]]
         if r["outcome"] != "ok":
             lines.append(
                 f"| {what} | {r['pipeline']} | **{r['outcome']}** after '{r['last_stage']}' | | | "
@@ -298,14 +298,14 @@ def readme_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def update_readme(path: pathlib.Path, rows: list[dict[str, Any]]) -> bool:
-    """Replace the README's table between the seed-real markers; False if the markers are missing."""
+def update_page(path: pathlib.Path, rows: list[dict[str, Any]]) -> bool:
+    """Replace the page's table between the seed-real markers; False if the markers are missing."""
     text = path.read_text()
-    if README_BEGIN not in text or README_END not in text:
+    if PAGE_BEGIN not in text or PAGE_END not in text:
         return False
-    head, rest = text.split(README_BEGIN, 1)
-    _, tail = rest.split(README_END, 1)
-    path.write_text(f"{head}{README_BEGIN}\n{readme_table(rows)}\n{README_END}{tail}")
+    head, rest = text.split(PAGE_BEGIN, 1)
+    _, tail = rest.split(PAGE_END, 1)
+    path.write_text(f"{head}{PAGE_BEGIN}\n{page_table(rows)}\n{PAGE_END}{tail}")
     return True
 
 
@@ -386,8 +386,9 @@ def main(quick: bool, docs: pathlib.Path, rss_limit: int | None = None) -> list[
     (docs / "benchmark-seed-real.json").write_text(
         json.dumps({"environment": env, "command": command, "wall_s": wall_s, "rows": rows}, indent=1)
     )
-    if not quick and (docs.parent.parent / "README.md").exists():  # the README quotes the real size only
-        update_readme(docs.parent.parent / "README.md", rows)
+    page = docs.parent / "performance.md"  # docs/results -> docs: its first table, the real size only
+    if not quick and page.exists():
+        update_page(page, rows)
     print(text)
     return rows
 

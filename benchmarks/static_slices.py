@@ -22,8 +22,10 @@ interpreter per pipeline. The variants hold the mask as
 
 - a NumPy array (the original): NumPy slices it at trace time, and `jax.jit`
   embeds the slice;
-- a `FrozenConst`, or a `jax.Array`, under `jax.jit`: sliced in the program,
-  so the default pipeline embeds the whole mask;
+- a `jax.Array` under `jax.jit`: sliced in the program, so the default
+  pipeline embeds the whole mask;
+- a `FrozenConst` under `jax.jit`: sliced from its frozen host data at trace
+  time, as NumPy slices (issue #35), so only the slice is embedded;
 - a `FrozenConst` under `frozenconst.jit`: a parameter, embedded nowhere;
 - a `FrozenConst` sliced on the host at trace time (`np.asarray(x)[...]`, a
   read-only view), under `jax.jit`: what the NumPy original embeds.

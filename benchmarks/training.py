@@ -13,6 +13,8 @@ Two parts, each in one process per constant pipeline:
   compilations for 8 constants of one shape (eager `jnp.dot` and a `jax.jit`
   function taking them as arguments), and the per-call time of that function
   against frozenconst's choice, interleaved rounds.
+- **Derived copies**: a jitted optax step returning 26 small constants, each rebuilt as a
+  FrozenConst every step, against `jax.Array`s and the one-slot pytree type (issue #35).
 - **Training steps** with a large table in the model (`nnx.data`), timed per
   step (medians of interleaved rounds, each batch of steps waited for): the
   flax NNX tutorial step (`nnx.Optimizer(wrt=nnx.Param)`, `nnx.jit`) without
@@ -304,6 +306,77 @@ def _step_rows(mib: float, quick: bool) -> list[dict[str, Any]]:
     ]
 
 
+class _OneSlot:
+    """The floor of any array type that is a pytree node: one slot, a Python flatten and
+    unflatten, nothing else (what every FrozenConst rebuilt from a step's output costs at least)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    def __jax_array__(self) -> Any:
+        return self.array
+
+
+def _derived_rows(quick: bool) -> list[dict[str, Any]]:
+    """A jitted optax step over a params dict holding 26 small constants, which it returns (so
+    each comes back as a derived copy every step, issue #35): FrozenConsts against the same
+    step with `jax.Array`s in their place, and with the one-slot type (the floor)."""
+    import jax
+    import jax.numpy as jnp
+    import optax  # type: ignore[import-untyped,unused-ignore]
+
+    import frozenconst
+
+    jax.tree_util.register_pytree_node(_OneSlot, lambda c: ((c.array,), None), lambda _, ch: _OneSlot(ch[0]))
+    rng = np.random.default_rng(0)
+    data = {f"c{i}": rng.standard_normal((8 + i % 5, 4 + i % 3)).astype(np.float32) for i in range(26)}
+
+    def is_const(x: Any) -> bool:
+        return isinstance(x, (frozenconst.FrozenConst, _OneSlot))
+
+    def make(wrap: Callable[[np.ndarray[Any, Any]], Any]) -> Callable[[], Any]:
+        consts = {k: wrap(v) for k, v in data.items()}
+        params = {"w": jnp.ones((8, 4), jnp.float32), "consts": consts}
+        labels = {"w": "train", "consts": jax.tree.map(lambda _: "frozen", consts, is_leaf=is_const)}
+        opt = optax.multi_transform({"train": optax.adam(1e-3), "frozen": optax.set_to_zero()}, labels)
+        holder = {"params": params, "state": opt.init(params)}
+
+        def loss(p: Any) -> Any:
+            return jnp.sum(p["w"] ** 2) + sum(jnp.sum(jnp.asarray(c)) for c in p["consts"].values())
+
+        @jax.jit
+        def step(params: Any, state: Any) -> Any:
+            grads = jax.grad(loss)(params)
+            updates, state = opt.update(grads, state, params)
+            return optax.apply_updates(params, updates), state
+
+        def call() -> Any:
+            holder["params"], holder["state"] = step(holder["params"], holder["state"])
+            return holder["state"]
+
+        return call
+
+    calls = {
+        "jax.Array": make(jnp.asarray),
+        "one-slot type (the floor)": make(lambda v: _OneSlot(jnp.asarray(v))),
+        "FrozenConst": make(frozenconst.FrozenConst),
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the derived copies' one warning: what is measured is the step
+        times = _interleaved(calls, n=50 if quick else 200, rounds=9 if quick else 21)
+    return [
+        {
+            "step": f"optax step returning 26 constants, {kind}",
+            "us": times[kind]["us"],
+            "ratio_to_array": times[kind]["ratio_to"]["jax.Array"],
+            "ratio_to_floor": times[kind]["ratio_to"]["one-slot type (the floor)"],
+        }
+        for kind in calls
+    ]
+
+
 def _worker(quick: bool) -> None:
     import jax
 
@@ -311,6 +384,7 @@ def _worker(quick: bool) -> None:
     out = {
         "choices": _choice_rows(quick),
         "steps": _step_rows(mib, quick),
+        "derived": _derived_rows(quick),
         "jax": jax.__version__,
     }
     print(json.dumps(out))
@@ -345,6 +419,25 @@ def summary(results: dict[str, Any], env: dict[str, str]) -> str:
         f"\nPer step with a {mib:.0f} MiB table held as data, medians of interleaved rounds; in "
         "brackets the ratio to the same step without the table (per round, then the median). "
         "A `jax.Array` in `nnx.data` is what `nnx.jit` costs any array held as data: the floor."
+    )
+    out += [
+        "",
+        "| derived copies, per pipeline | " + " | ".join(f"{p} pipeline" for p in results) + " |",
+        "|---|" + "---:|" * len(results),
+    ]
+    for i, row in enumerate(next(iter(results.values()))["derived"]):
+        cells = [
+            f"{r['derived'][i]['us']:.0f} µs ({r['derived'][i]['ratio_to_array']:.2f}x, "
+            f"{r['derived'][i]['ratio_to_floor']:.2f}x)"
+            for r in results.values()
+        ]
+        out.append(f"| {row['step']} | " + " | ".join(cells) + " |")
+    out.append(
+        "\nA jitted optax step (`multi_transform`, `set_to_zero` for the constants) over a params dict "
+        "holding 26 small constants, which it returns: each comes back as a new array every step, "
+        "rebuilt as a FrozenConst (a derived copy). In brackets the ratio to the same step with "
+        "`jax.Array`s in their place, then to the one-slot pytree type (the floor for any array type "
+        "that is a pytree node), per round, then the median."
     )
     out.append(
         f"\nMeasured {env['date']} on {env['cpu']} ({env['machine']}, {env['memory']}): frozenconst "
@@ -404,6 +497,18 @@ def main(quick: bool, docs: pathlib.Path) -> None:
                     ("mib", "table MiB", ".0f"),
                     ("ms", "ms per step", ".2f"),
                     ("ratio_to_no_table", "ratio to the same step without the table", ".2f"),
+                ],
+            ),
+            "",
+            f"## Derived copies, {pipeline} pipeline",
+            "",
+            _table(
+                result["derived"],
+                [
+                    ("step", "step", "s"),
+                    ("us", "µs per step", ".1f"),
+                    ("ratio_to_array", "ratio to jax.Array", ".2f"),
+                    ("ratio_to_floor", "ratio to the one-slot type", ".2f"),
                 ],
             ),
             "",

@@ -1,6 +1,8 @@
 """frozenconst: immutable constant arrays for JAX, transferred once, never embedded."""
 
+import importlib as _importlib
 import importlib.metadata as _metadata
+import typing as _typing
 
 from ._audit import AuditReport as AuditReport
 from ._audit import CapturedConstant as CapturedConstant
@@ -38,6 +40,19 @@ _register_if_imported()
 # `st.from_type(FrozenConst)` the same way when hypothesis is imported first;
 # hypothesis's entry point covers the other order.
 _register_strategy_if_imported()
+
+if _typing.TYPE_CHECKING:
+    from . import nnx as nnx
+else:
+
+    def __getattr__(name: str) -> object:
+        # `frozenconst.nnx` (flax NNX's place for constants) imports flax: loaded on its first
+        # use, so that `import frozenconst` never imports flax (a module attribute, so names
+        # the package defines cost nothing more to read).
+        if name == "nnx":
+            return _importlib.import_module(".nnx", __name__)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 try:
     __version__ = _metadata.version("frozenconst")

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import linecache
 import math
-import os
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -15,11 +13,11 @@ import numpy as np
 
 from ._cache import LIVE
 from ._compat import SIMPLIFIED_CONSTANTS
-from ._errors import FrozenConstIndexError, FrozenConstTypeError, FrozenConstValueError
+from ._embedding import EMBED_MAX_BYTES
 from ._fingerprint import fingerprint
 from ._host import human_bytes
 from ._jaxprs import walk, where
-from ._jit import EMBED_MAX_BYTES
+from ._refusals import refused_as_array
 
 Kind = Literal["numpy", "jax", "frozenconst"]
 
@@ -120,8 +118,9 @@ class AuditReport:
         pipeline: JAX's constant pipeline while tracing, `"default"` or `"simplified"`.
         total_bytes: bytes of all captured constants, each counted once.
         duplicate_bytes: bytes spent on the same data held more than once, by
-            content: extra device copies of one NumPy constant (one per use),
-            and distinct constants with equal contents.
+            content, under `pipeline`: distinct constants with equal contents, and
+            under the simplified pipeline the extra device copies of a NumPy
+            constant (one per use; the default pipeline embeds it instead).
     """
 
     constants: tuple[CapturedConstant, ...]
@@ -170,9 +169,13 @@ class AuditReport:
             )
         if not self.constants:
             rows.append("(no captured constants)")
+        duplicated = f"{human_bytes(self.duplicate_bytes)} duplicated"
+        simplified = _duplicate_bytes(self.constants, "simplified")
+        if simplified != self.duplicate_bytes:  # NumPy constants, embedded here, copied per use there
+            duplicated += f" ({human_bytes(simplified)} under JAX's simplified constant pipeline)"
         rows.append(
             f"{len(self.constants)} constant(s), {human_bytes(self.total_bytes)} in total, "
-            f"{human_bytes(self.duplicate_bytes)} duplicated; JAX constant pipeline: {self.pipeline}"
+            f"{duplicated}; JAX constant pipeline: {self.pipeline}"
         )
         rows.append(
             "* copies: device copies JAX makes under its simplified constant pipeline (future default)"
@@ -187,6 +190,16 @@ def _duplicate_groups(constants: tuple[CapturedConstant, ...]) -> list[list[Capt
     for c in constants:
         groups.setdefault(c.fingerprint, []).append(c)
     return list(groups.values())
+
+
+def _duplicate_bytes(constants: tuple[CapturedConstant, ...], pipeline: str) -> int:
+    """Bytes of the same data held more than once under `pipeline`: a NumPy constant is one
+    device copy per use under the simplified pipeline, embedded once under the default one."""
+    duplicate = 0
+    for group in _duplicate_groups(constants):
+        copies = sum(max(c.device_copies, 1) if pipeline == "simplified" else 1 for c in group)
+        duplicate += (copies - 1) * group[0].nbytes
+    return duplicate
 
 
 def _pipeline() -> str:
@@ -206,13 +219,13 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
         An [`AuditReport`][frozenconst.AuditReport]: `str(report)` is a table that
         names each problem and its fix; `report.to_dict()` serialises it.
 
-    Example:
+    Examples:
         >>> import numpy as np, jax, jax.numpy as jnp, frozenconst
         >>> table = np.ones((256, 256), np.float32)
         >>> report = frozenconst.audit(lambda w: sum(table @ w for _ in range(4)), jnp.ones(256))
-        >>> tuple((c.kind, c.uses) for c in report.constants)
-        (('numpy', 4),)
-        >>> report.duplicate_bytes == 3 * table.nbytes
+        >>> tuple((c.kind, c.uses, c.device_copies) for c in report.constants)
+        (('numpy', 4, 4),)
+        >>> report.duplicate_bytes == (3 * table.nbytes if report.pipeline == "simplified" else 0)
         True
     """
     from ._groups import AUDITING
@@ -225,7 +238,7 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
         else:
             closed = jax.make_jaxpr(fun)(*args, **kwargs)
     except (ValueError, TypeError, IndexError) as err:
-        refused = _refused_as_array(err)
+        refused = refused_as_array(err)
         if refused is None:
             raise
         raise refused from err
@@ -257,11 +270,8 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
     constants = [CapturedConstant(**found[k]) for k in order]
     constants.sort(key=lambda c: -c.nbytes)
     total = sum(c.nbytes for c in constants)
-    duplicate = 0
-    for group in _duplicate_groups(tuple(constants)):
-        copies = sum(max(c.device_copies, 1) for c in group)
-        duplicate += (copies - 1) * group[0].nbytes
-    return AuditReport(tuple(constants), _pipeline(), total, duplicate)
+    pipeline = _pipeline()
+    return AuditReport(tuple(constants), pipeline, total, _duplicate_bytes(tuple(constants), pipeline))
 
 
 def _describe(value: Any) -> dict[str, Any]:
@@ -298,132 +308,3 @@ def _static_slice_bytes(eqn: Any, so_far: int) -> int | None:
     aval = eqn.outvars[0].aval
     read: int = math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
     return max(so_far, read)
-
-
-# JAX's own words when `core.typeof` meets an object with `__jax_array__` that
-# is not one of its array types (jax >= 0.7; 0.6 calls it with a
-# DeprecationWarning): a `jax.lax` operand, or (jax 0.7 to 0.9) an index
-# (`a[idx]`, `a.at[idx]`). From jax 0.10, where a FrozenConst's type is
-# registered with `typeof` (`_compat.register_array_type`), the indexer refuses
-# it in other words, an `IndexError` that names it (`Got FrozenConst(...)`).
-_JAX_REFUSAL = "__jax_array__() during abstractification"
-_INDEX_REFUSAL = "Got FrozenConst("
-# And where a jitted JAX function hands a FrozenConst argument (there a value
-# derived from its tracer) to `jnp.asarray`'s type check, or compares the pytree
-# structure of its argument with that of a result (`jax.scipy.sparse.linalg.cg`).
-_TYPE_REFUSALS = ("got FrozenConst(", "CustomNode(FrozenConst")
-_HERE = os.path.dirname(__file__) + os.sep
-_JAX = os.path.dirname(jax.__file__) + os.sep
-
-# Public functions of `jax.nn` and `jax.scipy` that refuse a FrozenConst where they
-# take a NumPy array or a `jax.Array`, with the JAX versions on which they do:
-# they hand their argument to `jax.lax` (which refuses every `__jax_array__`
-# object, JEP 28661) or, jitted, to `jnp.asarray`'s type check, without
-# converting it first. The one-call fix: `jnp.asarray(x)`, the cached buffer.
-# Found by the sweep over every public function of `jax.nn` and `jax.scipy`
-# (tests/test_jax_integration.py), which checks this table on each version
-# below; docs/jax.md lists it.
-BYPASS_JAX_NUMPY: dict[str, tuple[str, ...]] = {
-    "jax.nn.sigmoid": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.scipy.fft.dct": ("0.6.2",),
-    "jax.scipy.fft.dctn": ("0.6.2",),
-    "jax.scipy.linalg.block_diag": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.scipy.linalg.hessenberg": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.scipy.linalg.schur": ("0.6.2", "0.9.2", "0.10.2"),
-    "jax.scipy.stats.norm.isf": ("0.6.2", "0.9.2", "0.10.2"),
-}
-# Those that take their argument as a pytree, so that a FrozenConst there is a
-# pytree node with one leaf rather than one array: `cg(A, b)` refuses a
-# FrozenConst `b` (its result's structure differs), `Rotation(q)` keeps it as
-# given. The same fix.
-TAKE_PYTREES: dict[str, tuple[str, ...]] = {
-    "jax.scipy.sparse.linalg.bicgstab": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.scipy.sparse.linalg.cg": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.scipy.sparse.linalg.gmres": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.scipy.spatial.transform.Rotation": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
-}
-
-# Parameters of public `jax.numpy` functions that refuse a FrozenConst where they
-# take a jax.Array, `function(parameter)`, with the JAX versions on which they do.
-# Found by the sweep that passes a FrozenConst in each array parameter of every
-# public jax.numpy function (tests/test_numpy_sweep.py), which checks this table
-# on each version below; docs/jax.md lists it, with each one's reason. The fix is
-# the same: `jnp.asarray(x)` in that argument.
-JAX_NUMPY_REFUSALS: dict[str, tuple[str, ...]] = {
-    "jax.numpy.array_split(indices_or_sections)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.dsplit(indices_or_sections)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.hsplit(indices_or_sections)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.split(indices_or_sections)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.vsplit(indices_or_sections)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.union1d(fill_value)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.unique(fill_value)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.unique_all(fill_value)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.unique_counts(fill_value)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.unique_inverse(fill_value)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.unique_values(fill_value)": ("0.6.2", "0.9.2", "0.10.2", "0.12.0.1"),
-}
-
-
-def _function(name: str) -> str:
-    """The bare function name of a table entry: `split` for `jax.numpy.split(indices_or_sections)`."""
-    return name.split("(")[0].rsplit(".", 1)[1]
-
-
-def _calls(line: str, function: str) -> bool:
-    """Whether `line` calls a function named `function` (`name(`, `module.name (`)."""
-    start = line.find(function)
-    while start >= 0:
-        before = line[start - 1] if start else " "
-        after = line[start + len(function) :].lstrip()
-        if not (before.isalnum() or before == "_") and after.startswith("("):
-            return True
-        start = line.find(function, start + 1)
-    return False
-
-
-def _called(filename: str, lineno: int) -> list[str]:
-    """The functions of the tables above that the source line at the place of use calls."""
-    line = linecache.getline(filename, lineno)
-    tables = (*BYPASS_JAX_NUMPY, *TAKE_PYTREES, *JAX_NUMPY_REFUSALS)
-    return [name for name in tables if _calls(line, _function(name))]
-
-
-_Refusal = FrozenConstValueError | FrozenConstTypeError | FrozenConstIndexError
-
-
-def _refused_as_array(err: Exception) -> _Refusal | None:
-    """The fix at the place of use, when JAX refused a FrozenConst where it wants a jax.Array."""
-    text = str(err)
-    refused: type[_Refusal]
-    if isinstance(err, ValueError) and _JAX_REFUSAL in text:
-        refused = FrozenConstValueError
-    elif isinstance(err, TypeError) and any(words in text for words in _TYPE_REFUSALS):
-        refused = FrozenConstTypeError
-    elif isinstance(err, IndexError) and _INDEX_REFUSAL in text:
-        refused = FrozenConstIndexError
-    else:
-        return None
-    place, called = "an unknown place", []
-    tb = err.__traceback__
-    while tb is not None:  # JAX has already removed its own frames from it
-        code = tb.tb_frame.f_code
-        if not code.co_filename.startswith((_HERE, _JAX)):
-            place = f"{code.co_filename}:{tb.tb_lineno} ({code.co_name})"
-            called = _called(code.co_filename, tb.tb_lineno)
-        tb = tb.tb_next
-    there = (
-        f" in the call to {', '.join(f'`{name}`' for name in called)}, which passes its argument to "
-        "`jax.lax`, asks for its type or takes it as a pytree without converting it"
-        if called
-        else ""
-    )
-    return refused(
-        f"JAX refused a value with `__jax_array__`, a FrozenConst for instance, where it takes only "
-        f"a jax.Array, at {place}{there}: as an index (`a[idx]`, `a.at[idx]`), a `jax.lax` operand, "
-        "the argument of a `jax.nn`/`jax.scipy` function that bypasses `jax.numpy`, or one of the "
-        "`jax.numpy` parameters that refuse one (docs/jax.md lists them). JAX checks the type of "
-        "such a value before it converts it. "
-        "Convert it there with `jnp.asarray(...)`, which returns a FrozenConst's cached device "
-        "buffer and copies nothing: `a[jnp.asarray(idx)]`, `lax.dynamic_slice(jnp.asarray(table), ...)`, "
-        "`jax.nn.sigmoid(jnp.asarray(x))`. See docs/jax.md, Index tables."
-    )

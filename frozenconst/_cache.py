@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypeAlias
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Sharding, SingleDeviceSharding
 from numpy.typing import DTypeLike
@@ -27,14 +28,15 @@ from numpy.typing import DTypeLike
 from . import _hoisting
 from ._compat import (
     DEFAULT_DEVICE,
+    SIMPLIFIED_CONSTANTS,
     X64,
     Device,
     Tracer,
     eval_context,
-    renew_trace_contexts,
     uncommitted,
     user_stacklevel,
     warn_degraded,
+    weakly_typed,
 )
 from ._convert import as_dtype, check_narrowing
 from ._dtypes import follows_x64, native
@@ -162,9 +164,16 @@ LIVE: weakref.WeakSet[Store] = weakref.WeakSet()
 OWNERS: weakref.WeakValueDictionary[int, Store] = weakref.WeakValueDictionary()
 
 
+# `OWNERS`' own table of weak references, read directly by `owner_of` (and inlined in
+# `FrozenConst.tree_unflatten`): `WeakValueDictionary.get` is a Python method, a measurable
+# part of rebuilding a FrozenConst from an array (issue #35).
+OWNER_REFS: dict[int, Any] = vars(OWNERS)["data"]
+
+
 def owner_of(leaf: object) -> Use | None:
     """The store and declared sharding whose cached array `leaf` is (the very object), if any."""
-    store = OWNERS.get(id(leaf))
+    ref = OWNER_REFS.get(id(leaf))
+    store: Store | None = None if ref is None else ref()
     if store is None:
         return None
     return store.sharding_of(leaf)
@@ -204,6 +213,8 @@ class Store:
         "served",
         "shape",
         "transfers",
+        "volatile",
+        "weak",
     )
 
     # The page-locked `jax.Array` whose memory `_host` views, or None (pageable memory).
@@ -214,14 +225,20 @@ class Store:
     partial = False
 
     def __init__(
-        self, host: np.ndarray[Any, Any], host_memory: HostMemory = "pageable", mapped: bool = False
+        self,
+        host: np.ndarray[Any, Any],
+        host_memory: HostMemory = "pageable",
+        mapped: bool = False,
+        weak: bool = False,
     ) -> None:
         # `host_memory` (validated, `_host.host_memory_choice`) says where the frozen
-        # `host` lives from now on; `mapped`: it was copied from a memory map.
+        # `host` lives from now on; `mapped`: it was copied from a memory map; `weak`: it
+        # holds a Python scalar, weakly typed as `jnp.asarray` types one.
         # Placed before `_setup`, which makes the store live (`LIVE`).
         placed, pinned = host_buffer(host, host_memory, lambda: _default_device(DEFAULT_DEVICE.value), mapped)
         self._setup(host.shape, host.dtype)
         self._host, self._pinned = placed, pinned
+        self.weak = weak
 
     def _setup(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
         self.shape: tuple[int, ...] = shape
@@ -230,6 +247,13 @@ class Store:
         self.device_dtypes: list[np.dtype[Any] | None] = [None, None]
         self.serial = next_serial()
         self._pinned = None
+        # Whether the constant was made from a Python scalar (`FrozenConst(0.5)`): its device
+        # buffers are weakly typed, and it promotes as `jnp.asarray(0.5)` does (issue #37).
+        self.weak = False
+        # Whether a device buffer of it was deleted behind our back (donated, `delete()`d):
+        # `frozenconst.jit` then passes it as a parameter rather than capture a buffer the
+        # next donation deletes again (`_groups.Constants.captures`, issue #37).
+        self.volatile = False
         self._lock = threading.Lock()
         self._fingerprint: str | None = None
         # Accounting (`frozenconst.stats()`): uses served from the cache, and
@@ -304,7 +328,7 @@ class Store:
         host = self.whole(f"FrozenConst(x, host_memory={host_memory!r})")
         # To pinned: `host_buffer` copies into page-locked memory. To pageable: a fresh copy,
         # never a view of the page-locked buffer (it lives as long as any view of it).
-        return Store(host if host_memory == "pinned" else freeze(host), host_memory)
+        return Store(host if host_memory == "pinned" else freeze(host), host_memory, weak=self.weak)
 
     @property
     def host_nbytes(self) -> int:
@@ -314,6 +338,27 @@ class Store:
     def check_device_dtype(self, dtype: np.dtype[Any]) -> None:
         """Raise unless the host data keeps every integer on a device as `dtype`."""
         check_narrowing(self._host, dtype)
+
+    def static_part(self, index: Any) -> jax.Array | None:
+        """`x[index]` for a static `index`, taken from the frozen host data and made in the
+        current trace, as JAX makes a NumPy array's part there (no device buffer); None where
+        the host data is not all here (`PartialStore`), or where NumPy refuses the index (an
+        int out of bounds, which JAX clamps: `FrozenConst.__getitem__` leaves it to JAX)."""
+        try:
+            part = np.asarray(self._host[index])
+        except IndexError:
+            return None
+        dtype = self.device_dtype()
+        if part.dtype != dtype:
+            part = part.astype(dtype)
+        if SIMPLIFIED_CONSTANTS:
+            # A concrete array, which this pipeline passes to the executable as the NumPy
+            # form's part is passed (jax 0.7 to 0.9 cannot lower a NumPy array there, jax
+            # #37445).
+            with eval_context():
+                made: jax.Array = jax.device_put(part)
+            return made
+        return jnp.asarray(part)  # a constant of the program, as JAX holds a NumPy array's part
 
     def declare(self, target: Target) -> Sharding:
         """The sharding `target` names, declared for this constant: checked now against it."""
@@ -337,7 +382,8 @@ class Store:
         if host.size <= _REPR_MAX_ELEMENTS:
             body = np.array2string(host, separator=", ", prefix="FrozenConst(")
             shape = f", shape={host.shape}" if host.size == 0 else ""
-            return f"FrozenConst({body}{shape}, {dtype})"
+            weak = ", weak_type=True" if self.weak else ""  # as a `jax.Array`'s repr says it
+            return f"FrozenConst({body}{shape}, {dtype}{weak})"
         nbytes = host.size * device_dtype(host.dtype).itemsize  # `x.nbytes`: what JAX holds
         return f"FrozenConst(shape={host.shape}, {dtype}, nbytes={human_bytes(nbytes)})"
 
@@ -397,15 +443,27 @@ class Store:
             if array is None or lost:
                 self.check_device_dtype(dtype)  # x64 may have been switched off since construction
                 with eval_context():
-                    array = self._transfer(sharding, dtype)
-                if isinstance(array, Tracer):  # never cached: it would leak (see `_compat.eval_context`)
-                    return array
+                    fresh = self._transfer(sharding, dtype)
+                if isinstance(fresh, Tracer):  # never cached: it would leak (see `_compat.eval_context`)
+                    return fresh
+                if self.weak and not fresh.weak_type:
+                    fresh = weakly_typed(fresh)
+                old, array = array, fresh
                 self._made[made] = array
                 OWNERS[id(array)] = self
+                if old is not None:
+                    self._disown(old)
             self._serve(key, array)
         if lost:
             self._lost()
         return array
+
+    def _disown(self, array: jax.Array) -> None:
+        """Drop `array`, a buffer no longer served, from `OWNERS` (called under the lock): a
+        buffer deleted behind our back or evicted, replaced over and over, would otherwise
+        leave an entry per replacement while the constant lives (issue #37)."""
+        if OWNERS.get(id(array)) is self and not any(a is array for a in self._made.values()):
+            del OWNERS[id(array)]
 
     def _serve(self, key: Any, array: jax.Array) -> None:
         """Serve `array` to uses under `key` from now on (called under the lock)."""
@@ -416,11 +474,16 @@ class Store:
 
     def _lost(self) -> None:
         """A device buffer of this constant was deleted behind our back (donated to a jitted
-        function, or `jnp.asarray(x).delete()`), and made again: every program that captured
-        the old one traces again (issue #26), and the user hears of it once per line."""
+        function, or `jnp.asarray(x).delete()`): the programs that captured it trace again
+        (issue #26), and those alone (issue #37): the functions that captured it, and what JAX
+        cached of nested traces under the trace-context values where it was captured
+        (`_hoisting.buffer_lost`). From now on `frozenconst.jit` passes it as a parameter
+        (`volatile`), so a loop that donates it every step retraces nothing. The user hears of
+        it once per line."""
+        self.volatile = True
         for holder in list(FED):
             holder.forget(self)
-        renew_trace_contexts()
+        _hoisting.buffer_lost(self)
         warnings.warn(
             f"The device buffer of FrozenConst {self.dtype}{list(self.shape)} was deleted (donated "
             "to a jitted function, or deleted through `jnp.asarray(x)`), so frozenconst "
@@ -528,14 +591,17 @@ class Store:
             holder.forget(self)
         with self._lock:
             if sharding is None:
+                dropped = list(self._made.values())
                 self._made.clear()
                 self.served.clear()
+                for array in dropped:
+                    self._disown(array)
             else:
                 device = (
                     next(iter(sharding.device_set)) if isinstance(sharding, SingleDeviceSharding) else None
                 )
                 for made in [m for m in self._made if m[0] == sharding or (m[0] is None and m[1] == device)]:
-                    del self._made[made]
+                    self._disown(self._made.pop(made))
                 kept = {id(a) for a in self._made.values()}
                 for key in [k for k, a in self.served.items() if id(a) not in kept]:
                     del self.served[key]
@@ -546,6 +612,23 @@ class Store:
         (donated, or `delete()`d through `jnp.asarray(x)`)."""
         with self._lock:
             return any(a.is_deleted() for a in self._made.values())
+
+    def drop_lost(self) -> None:
+        """Forget the device buffers deleted behind our back, and act on their loss (`_lost`)
+        once: a program that captured one failed before any use made the buffer again."""
+        with self._lock:
+            gone = [made for made, array in self._made.items() if array.is_deleted()]
+            for made in gone:
+                self._disown(self._made.pop(made))
+            if gone:
+                for key in [k for k, a in self.served.items() if a.is_deleted()]:
+                    del self.served[key]
+                self.hot = self.served.get(None)
+                STATE.epoch += 1
+        if gone:
+            self._lost()
+        else:
+            _hoisting.buffer_lost(self)  # handled by another thread, maybe not yet all of it
 
     def arrays(self) -> list[jax.Array]:
         """The live cached device buffers, one per placement, default ones first."""

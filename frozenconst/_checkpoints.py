@@ -64,7 +64,7 @@ def restore(template: _T, restored: Any) -> _T:
             leaf whose shape or dtype differs from `template`'s there; the message
             names the paths and what each side holds.
 
-    Example:
+    Examples:
         >>> import numpy as np, jax.numpy as jnp, frozenconst
         >>> table = frozenconst.FrozenConst(np.ones(3))
         >>> template = {"w": jnp.zeros(2), "table": table}

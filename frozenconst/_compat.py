@@ -11,7 +11,9 @@ import functools
 import inspect
 import itertools
 import os
+import sys
 import threading
+import types
 import warnings
 import weakref
 from collections.abc import Callable, Hashable
@@ -108,9 +110,18 @@ eval_context: Callable[[], contextlib.AbstractContextManager[Any]] = getattr(
 # a value of its own (`unique_trace_context`).
 # Only the second kind adds cache entries per trace: a fresh value for every
 # trace would grow JAX's caches with every function made and dropped (issue
-# #11). Built on `int_state(..., include_in_trace_context=True)`
-# (jax/_src/config.py, jax >= 0.8; checked on jax 0.8.3, 0.9.2, 0.10.2 and
-# 0.12.0.1); no public alternative.
+# #11). Built on the public `jax.make_user_context(default)` (checked on jax
+# 0.9.2, 0.10.2 and 0.12.0.1): a config state in the trace context (and the
+# jit key) that JAX's global config does not list, so nothing appears in
+# `jax.config.values` when frozenconst is imported or traces. JAX's own test
+# harness compares that dict around every test ("Test changed global config
+# values", `test_util.assert_global_configs_unchanged`), and a library's private
+# state appearing there mid-run failed it (issue #37; `tests/test_jit_seams.py`
+# checks the dict). Where JAX lacks it (jax 0.8.x), the private
+# `int_state(..., include_in_trace_context=True)` (jax/_src/config.py, jax >=
+# 0.8; checked on jax 0.8.3, 0.9.2, 0.10.2 and 0.12.0.1), registered once, at
+# import, as `frozenconst_trace_epoch`: listed in `jax.config.values` from the
+# import on, always at its default outside frozenconst's traces.
 #
 # Before jax 0.8 (checked on 0.4.38, 0.6.2 and 0.7.2) `config.trace_context()`
 # is a fixed tuple and `int_state` takes no `include_in_trace_context`. One
@@ -158,9 +169,15 @@ def _release(kind: Hashable, value: int) -> None:
 
 
 def retire_trace_context(value: int) -> None:
-    """Never hand out `value` again: what JAX cached under it may not hold this trace."""
+    """Never hand out `value` again: what JAX cached under it may not hold this trace, or holds
+    a device buffer since deleted (`_hoisting.buffer_lost`)."""
     with _free_lock:
-        _retired.add(value)
+        if value in _in_use:
+            _retired.add(value)  # `_release` drops it when its trace is gone
+            return
+        for free in _free.values():
+            if value in free:
+                free.remove(value)
 
 
 # The innermost active trace object, to learn when it is gone: private
@@ -223,6 +240,9 @@ def in_trace(handle: object) -> contextlib.AbstractContextManager[Any]:
 
 
 def _make_context_state() -> Any:
+    user_context = getattr(jax, "make_user_context", None)
+    if user_context is not None:
+        return user_context(None)
     states: dict[str, Any] = _state("config_states") or {}
     existing = states.get("frozenconst_trace_epoch")
     if existing is not None:
@@ -308,13 +328,17 @@ def unique_trace_context(kind: Hashable = None) -> int:
     with _free_lock:
         free = _free.get(kind)
         value = free.pop() if free else next(_unique)
+        _in_use.add(value)  # in use from now: `retire_trace_context` finds it there
     trace = None if _trace_object is None else _trace_object()
+    pooled = False
     if trace is not None:
         # A trace without weak references (none known): the value is never reused.
         with contextlib.suppress(TypeError):
             weakref.finalize(trace, _release, kind, value)
-            with _free_lock:
-                _in_use.add(value)
+            pooled = True
+    if not pooled:
+        with _free_lock:
+            _in_use.discard(value)
     return value
 
 
@@ -327,16 +351,6 @@ def renew_shared_trace_context() -> None:
     """Share a fresh value from now on: what JAX cached under the old one is never reused."""
     global _shared
     _shared = next(_unique)
-
-
-def renew_trace_contexts() -> None:
-    """Reuse no trace-context value handed out so far: what JAX cached under each (a device
-    buffer since deleted, issue #26) is never looked up again. Values in use now are
-    not pooled when their traces end."""
-    renew_shared_trace_context()
-    with _free_lock:
-        _free.clear()
-        _retired.update(_in_use)
 
 
 # The trace currently active in this thread, compared with `==`: a use of a
@@ -533,16 +547,23 @@ DIFFERENTIATED: tuple[type, ...] = _find_ad_tracers()
 # Registered there, a FrozenConst's type is that of `x.__jax_array__()`: its
 # cached buffer's, or inside `frozenconst.jit` its parameter's. No public hook
 # answers `typeof`.
-# Only where `jax.lax` keeps refusing a FrozenConst (JEP 28661): on jax 0.10.2
-# and 0.12.0.1 `Primitive.bind` passes each operand through
-# `jax._src.dtypes.canonicalize_value`, which refuses `__jax_array__` objects,
-# before it asks `typeof`, so registering changes no `lax` call. On 0.9.2
-# `bind` asks `typeof` alone: registered, it would take the FrozenConst itself
-# as an operand and fail later in other words ("No constant handler"); on 0.6.2
-# `typeof` converts such an object itself, with a DeprecationWarning. There,
-# and on any other layout, nothing is registered (the fallback): the functions
-# that ask `typeof` first refuse a FrozenConst, as docs/jax.md lists, and
-# `jnp.asarray(x)` at the call is the fix.
+# And `jax.lax`'s operands (issue #35: `lax.dynamic_slice(table, (pos, 0), ...)`, how
+# a decoder reads a rotary table). On jax 0.10.2 and 0.12.0.1 `Primitive.bind`
+# passes each operand through `jax._src.dtypes.canonicalize_value` before it asks
+# `typeof`; that function looks the operand's class up in a table of handlers
+# (`register_canonicalize_value_handler`, in jaxlib's C++ there; a plain dict,
+# `canonicalize_value_handlers`, in older jaxlibs of the same JAX) and refuses any
+# other `__jax_array__` object. Registered there too, a FrozenConst operand becomes
+# `x.__jax_array__()`, as `jnp` converts it: its cached buffer, or inside
+# `frozenconst.jit` its parameter. JEP 28661 leaves `jax.lax` to refuse such objects
+# by default; a library that registers its type is what it asks for. On 0.9.2
+# `bind` asks `typeof` alone: registered, it would take the FrozenConst itself as an
+# operand and fail later in other words ("No constant handler"); on 0.6.2 `typeof`
+# converts such an object itself, with a DeprecationWarning. There, and on any other
+# layout, nothing is registered (the fallback): `jax.lax` and the functions that ask
+# `typeof` first refuse a FrozenConst, as docs/jax.md lists; inside `frozenconst.jit`
+# the refusal is frozenconst's own error (`_refusals`), and `jnp.asarray(x)` at the
+# call is the fix.
 def _find_aval_table() -> dict[type, Callable[[Any], Any]] | None:
     try:
         from jax._src import core as _core
@@ -575,9 +596,9 @@ _aval_table = _find_aval_table()
 
 
 def register_array_type(cls: type, to_array: Callable[[Any], Any]) -> bool:
-    """Have JAX's `core.typeof(x)` answer, for an instance of `cls`, the type of `to_array(x)`.
-
-    False where this JAX gets nothing registered (see above)."""
+    """Have JAX's `core.typeof(x)` answer, for an instance of `cls`, the type of `to_array(x)`,
+    and `jax.lax` take `to_array(x)` for an operand `x`. False where this JAX gets nothing
+    registered (see above)."""
     if _aval_table is None:
         return False
     typeof = jax.typeof  # public wherever the table is found (jax >= 0.10)
@@ -586,6 +607,13 @@ def register_array_type(cls: type, to_array: Callable[[Any], Any]) -> bool:
         return typeof(to_array(x))
 
     _aval_table[cls] = aval
+    from jax._src import dtypes as _dtypes
+
+    register = getattr(_dtypes, "register_canonicalize_value_handler", None)
+    if callable(register):
+        register(cls, to_array)
+    else:  # pragma: no cover - a jaxlib older than its JAX's C++ table
+        _dtypes.canonicalize_value_handlers[cls] = to_array
     return True
 
 
@@ -667,6 +695,36 @@ def uncommitted(array: Any) -> Any:
         _uncommitted_impl = None
         return None
     return made
+
+
+# A constant made from a Python scalar (`FrozenConst(0.5)`, `FrozenConst(3)`) is weakly
+# typed, as `jnp.asarray(0.5)` is: `x * bf16_array` stays bfloat16 (issue #37). Its device
+# buffer must then carry JAX's weak type, which decides the promotion everywhere JAX meets it
+# (eager operators, `jax.numpy` calls, jit arguments, closed over, `frozenconst.jit`'s
+# parameters, `core.typeof`). `jax.device_put` of NumPy data makes a strong array, and no
+# public call marks an existing array weak (`jax.device_put(0.5)` is weak but takes the
+# dtype of the Python scalar under the x64 setting now, which can differ from the
+# constant's). Private: `jax._src.array.ArrayImpl(aval.update(weak_type=True), sharding,
+# per-device buffers, committed=...)` wraps the same device buffers (the class `ArrayImpl`
+# above; checked on jax 0.6.2, 0.9.2, 0.10.2 and 0.12.0.1, on one device and two). Fallback:
+# the strong array (the promotion of `jnp.asarray(np.float32(0.5))`), said once.
+def weakly_typed(array: Any) -> Any:
+    """`array` (a concrete `jax.Array`) marked weakly typed, over the same device buffers."""
+    if ArrayImpl is not None:
+        try:
+            shards = [shard.data for shard in array.addressable_shards]
+            aval = array.aval.update(weak_type=True)
+            made = ArrayImpl(aval, array.sharding, shards, committed=array.committed)
+        except Exception:  # a changed private constructor: any failure means "cannot"
+            made = None
+        if made is not None and made.weak_type:
+            return made
+    warn_degraded(  # pragma: no cover - every supported JAX takes it
+        f"frozenconst cannot mark a device buffer weakly typed on jax {jax.__version__}: a "
+        "FrozenConst of a Python scalar promotes as `jnp.asarray(np.float32(0.5))`, not as "
+        "`jnp.asarray(0.5)`. Give it the dtype you compute with."
+    )
+    return array  # pragma: no cover
 
 
 # The concrete mesh set by `jax.set_mesh` (or, before jax 0.7.2, by the
@@ -779,7 +837,45 @@ def lowered_program(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return program if hasattr(program, "eqns") or hasattr(program, "jaxpr") else None
 
 
+# Which of a program's constants the lowering copies into it. A constant of the closed
+# program (`consts`, the default pipeline's form of a closed-over array, at any level of
+# nesting) always. A `Literal` array (the simplified pipeline's form) only where nothing is
+# hoisted as an executable argument: the keyword `num_const_args` (jax >= 0.7) counts the
+# hoisted ones, 0 when exporting (`jax.export` serializes a program that carries its
+# constants) or when the program has none; JAX embeds literals of at most
+# `jax_embedded_constants_max_bytes` (32) too, far below any size frozenconst warns of
+# (jax 0.9.2, 0.10.2 and 0.12.0.1: `core.jaxpr_const_args`, `mlir.lower_jaxpr_to_module`;
+# measured by the HLO's size there). jax 0.6.2 has no such keyword and no literal arrays.
+def lowering_embeds_literals(kwargs: dict[str, Any]) -> bool:
+    """Whether the lowering called with `kwargs` copies a program's literal arrays into it."""
+    hoisted: int = kwargs.get("num_const_args", 0)
+    return hoisted == 0
+
+
 # --- end of no_numpy_constants block ---
+
+
+# Whether no trace is active in this thread: a FrozenConst's static index or slice
+# (`x[:8]`, `x[3]`) inside a trace is taken from the frozen host data, as NumPy slices
+# an array there, rather than from the whole device buffer, which a `jax.jit` trace
+# would capture and JAX's default pipeline embed in full (issue #35). Private
+# `jax._src.core.trace_ctx.is_top_level()` (checked on jax 0.6.2, 0.9.2, 0.10.2 and
+# 0.12.0.1; about 0.2 us); the public `jax.core.trace_state_clean` is deprecated on
+# 0.6.2 and gone after. Fallback: always at the top level, so indexing stays JAX's own
+# (the whole constant is embedded, and the embedding warning says so).
+def _find_top_level() -> Callable[[], bool]:
+    try:
+        from jax._src import core as _core
+    except ImportError:  # pragma: no cover - newer JAX layouts
+        return lambda: True
+    context = getattr(_core, "trace_ctx", None)
+    found = getattr(context, "is_top_level", None)
+    if not callable(found):  # pragma: no cover - other JAX
+        return lambda: True
+    return found  # type: ignore[no-any-return]
+
+
+top_level: Callable[[], bool] = _find_top_level()
 
 
 # A warning about what a user's own line did (an optimizer's `init` that made a
@@ -801,6 +897,21 @@ def user_stacklevel() -> int:
         level += 1
         frame = frame.f_back
     return level
+
+
+# The frame `depth` calls up the stack: CPython's `sys._getframe`, bound here once. Public in
+# spirit (`inspect.currentframe` is built on it, and `sys._getframe` is documented), it is the
+# C function itself, no Python frame of its own: `FrozenConst.tree_unflatten` reads the
+# frame of the code that called JAX's tree function on every derived copy (issue #35).
+# Every supported interpreter (CPython 3.11 to 3.13) has it.
+frame_at: Callable[[int], types.FrameType] = sys._getframe  # pyright: ignore[reportPrivateUsage]
+
+
+def library_of(frame: types.FrameType) -> str:
+    """The library among `_LIBRARIES` whose code `frame` runs (its top-level package), or an
+    empty string for a user's frame."""
+    package: str = frame.f_globals.get("__name__", "").partition(".")[0]
+    return package if package in _LIBRARIES else ""
 
 
 # The concrete arrays the innermost trace has captured so far (closed over, read

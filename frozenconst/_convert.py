@@ -111,7 +111,7 @@ def held_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
     """The dtype `jnp.asarray` holds data of `dtype` in under the x64 setting now: without
     x64, float64 as float32, int64 as int32, uint64 as uint32, complex128 as complex64.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> held_dtype(np.dtype(np.float64)), held_dtype(np.dtype(np.float16))   # x64 off
         (dtype('float32'), dtype('float16'))
@@ -130,7 +130,7 @@ def check_narrowing(host: np.ndarray[Any, Any], device_dtype: DTypeLike, what: s
     float32's range become infinities. Cheap when nothing narrows; otherwise
     one pass over the data (for 64-bit integers only).
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> check_narrowing(np.array([1, 2**40]), np.int64)
         >>> check_narrowing(np.array([1, 2**40]), np.int32)

@@ -16,6 +16,7 @@ methods, and neither the handle nor they branch on which kind it is.
 
 from __future__ import annotations
 
+import types
 import warnings
 from typing import Any
 
@@ -26,11 +27,15 @@ from numpy.typing import DTypeLike
 
 from . import _hoisting
 from ._cache import Store
-from ._compat import Tracer, user_stacklevel
+from ._compat import ArrayImpl, Tracer, frame_at, library_of
 from ._convert import to_numpy
 from ._errors import FrozenConstTypeError, FrozenConstWarning
 from ._hoisting import next_serial
 from ._host import freeze, frozen_copy, human_bytes
+
+# JAX's class of concrete arrays, typed `Any` so that comparing a leaf's type with it narrows
+# nothing (and costs no `typing.cast` call on the rebuild path).
+_CONCRETE: Any = ArrayImpl
 
 
 class Derived:
@@ -46,15 +51,17 @@ class Derived:
     never embedded in it.
     """
 
-    __slots__ = ("__weakref__", "_frozen", "hits", "leaf", "serial")
+    __slots__ = ("__weakref__", "_frozen", "hits", "hot", "leaf", "serial")
 
     concrete = False
-    # As a store's (`Store.hot`), read by `FrozenConst.__jax_array__`'s inlined cache hit:
-    # a derived value serves nothing from it, every use is `array`'s.
-    hot: jax.Array | None = None
 
     def __init__(self, leaf: Any) -> None:
         self.leaf = leaf
+        # As a store's (`Store.hot`), read by the cache hit `FrozenConst.tree_flatten` and
+        # `__jax_array__` inline: a concrete leaf is served from it as a constant's default
+        # buffer is, so a derived copy passed back into a jitted step costs what a constant
+        # costs (issue #35); a tracer's use is `array`'s.
+        self.hot: jax.Array | None = leaf if type(leaf) is _CONCRETE else None
         self._frozen: Store | None = None
         # As a store's: `frozenconst.jit` numbers what it meets (`_hoisting.resolve`),
         # and counts the hits of what it feeds (`Store.count_hits`).
@@ -137,6 +144,10 @@ class Derived:
         """The derived value's `repr`."""
         return f"FrozenConst(derived from {self.leaf!r})"
 
+    def static_part(self, index: Any) -> jax.Array | None:
+        """None: a derived value's part is its leaf's (indexed as JAX indexes it)."""
+        return None
+
     def arrays(self) -> list[jax.Array]:
         """None cached: a derived value has no device buffers of its own."""
         return []
@@ -145,19 +156,144 @@ class Derived:
         """Nothing to evict."""
 
 
-def warn_derived_copy(derived: Derived) -> None:
-    """Say that a FrozenConst was rebuilt around a new concrete array: no longer the constant."""
-    warnings.warn(
-        f"A FrozenConst now holds {derived.describe_leaf()} that is not the constant's own "
-        "buffer: what an optimizer's `init` or `update`, a gradient, or a jitted function "
-        "returning the model (`nnx.jit`, `eqx.filter_jit`, `jax.jit`) puts in a constant's "
-        "place. This derived copy is a second device buffer, an optimizer may change it "
-        "(weight decay does), and it is no constant to `stats()`, `on` or `placed`. Keep "
-        "constants out of what you train and return: train `frozenconst.partition(tree)[0]` "
-        "(optax, plain JAX) or `eqx.partition(model, frozenconst.is_trainable, "
-        "is_leaf=frozenconst.is_frozen)` (equinox), compile with `frozenconst.filter_jit`, "
-        "and return only `nnx.state(..., nnx.Variable)` from a flax NNX step "
-        '(docs: Training, "What each idiom does").',
+# The advice of the derived-copy warning, by the library closest to the user's line on the
+# stack when the copy was made: "jit" where JAX rebuilt a jitted function's outputs straight
+# from the user's call, none where JAX's own functions of pytrees did (`jax.tree.map`,
+# `vmap`, a collective).
+_ADVICE = {
+    "optax": "Give the optimizer only what it trains: `opt.init(frozenconst.partition(params)[0])`, "
+    "and `opt.update` on that half.",
+    "equinox": "Train `eqx.partition(model, frozenconst.is_trainable, is_leaf=frozenconst.is_frozen)[0]` "
+    "and compile with `frozenconst.filter_jit`, which hands the constant itself back.",
+    "flax": "In flax NNX, freeze the pretrained part with `frozenconst.nnx.freeze(module)`; in linen, "
+    "give `optax` only the trainable params.",
+    "jit": "Return only what the step changes (`frozenconst.partition(state)[0]`), or compile it "
+    "with `frozenconst.filter_jit`, which hands the constant itself back.",
+    "": "Where an array is meant, pass `jnp.asarray(x)` (the constant's buffer, no copy); where "
+    "training maps over parameters, keep constants out with `frozenconst.partition`.",
+}
+_WHO = {
+    "optax": "optax",
+    "equinox": "equinox",
+    "flax": "flax",
+    "jit": "A jitted function",
+    "": "A JAX function of pytrees",
+}
+
+
+class _Told:
+    """What the derived-copy warning has said since Python's warning filters last changed.
+
+    A call site is `(id(code), instruction)`: by the code object's id, not the object,
+    because Python hashes a code object from its contents on every lookup, which cost more
+    than the rest of the check; `codes` keeps each one alive, so its id is not reused.
+    `lines`: the lines of user code warned of, `(id(code), line number)`. `quiet`: the call
+    sites of JAX's tree functions that are themselves such a line (JAX rebuilds a jitted
+    step's outputs straight from the user's call). `via`: a library's call site (equinox's
+    `filter_jit`, NNX, optax) and the user's line it was reached from last, as the number
+    of frames up to it and that frame's call site. Either way a copy made there again is
+    decided by a frame read and a lookup, before any stack walk or formatting, so a step
+    rebuilding 26 constants pays for none of it (issue #35). `filters`: the list of filters
+    all were kept under; `warnings.catch_warnings` replaces that list, as Python then
+    forgets what it has shown, and so do these.
+    """
+
+    __slots__ = ("codes", "filters", "last", "lines", "quiet", "via")
+
+    def __init__(self) -> None:
+        self.filters: object = warnings.filters
+        self.lines: set[tuple[int, int]] = set()
+        self.quiet: set[tuple[int, int]] = set()
+        self.via: dict[tuple[int, int], tuple[int, tuple[int, int]]] = {}
+        self.codes: list[types.CodeType] = []
+        # The call site last found quiet, as its code object (kept in `codes`) and
+        # instruction: a loop's copies are made there again and again, decided by two
+        # comparisons. Never the frame: that would keep its locals alive.
+        self.last: tuple[object, int] = (None, -1)
+
+
+# Rebound (a fresh `_Told`) where the filters changed; `FrozenConst.tree_unflatten` reads it
+# through this module, for the first check of `note_derived_copy`, inlined.
+told = _Told()
+
+
+def _site(frame: types.FrameType) -> tuple[int, int]:
+    return id(frame.f_code), frame.f_lasti
+
+
+def note_derived_copy(derived: Derived, caller: types.FrameType, node: type) -> None:
+    """Warn, once per line of user code, that a FrozenConst was rebuilt around a new concrete
+    array, a copy that is no longer the constant. `caller` is the code that called JAX's tree
+    function (a jitted function's caller, whose outputs JAX rebuilds in C++, or a library's
+    `tree_map`). Called by `FrozenConst.tree_unflatten`, which inlines the first check
+    (`_Told.quiet`): the frames above this one are that method's, then `caller`'s."""
+    global told
+    if told.filters is not warnings.filters:
+        told = _Told()
+    site = _site(caller)
+    if site in told.quiet:
+        told.last = (caller.f_code, caller.f_lasti)
+        return
+    known = told.via.get(site)
+    if known is not None:
+        depth, user_site = known
+        if _site(frame_at(2 + depth)) == user_site:  # this frame, `tree_unflatten`'s, then `caller`'s
+            return
+    _tell(told, caller, site, derived, node)
+
+
+def _tell(told: _Told, caller: types.FrameType, site: tuple[int, int], derived: Derived, node: type) -> None:
+    """The slow half of `note_derived_copy`: find the user's line, and warn if it is new."""
+    frame: types.FrameType | None = caller
+    library, depth = "", 0
+    while frame is not None and (found := library_of(frame)):
+        if found not in ("frozenconst", "jax", "jaxlib"):
+            library = found  # the training library nearest the user's line gives the advice
+        elif not library and frame.f_globals.get("__name__") == "jax._src.pjit":
+            library = "jit"  # a jitted function's first call: JAX's jit in Python
+        frame, depth = frame.f_back, depth + 1
+    user = caller if frame is None else frame
+    if user is caller:
+        library = "jit"  # no Python frame between: JAX's jit rebuilt its outputs in C++
+        told.quiet.add(site)
+    else:
+        told.via[site] = (depth, _site(user))
+    told.codes += (caller.f_code, user.f_code)
+    line = (id(user.f_code), user.f_lineno)
+    if line in told.lines:
+        return
+    told.lines.add(line)
+    module_globals = user.f_globals
+    count = _constants_rebuilt(caller, node)
+    among = "" if count is None else f"; the tree rebuilt there holds {count} FrozenConst{'s' * (count != 1)}"
+    warnings.warn_explicit(
+        f"{_WHO.get(library, _WHO[''])} put a copy of FrozenConst values ({derived.describe_leaf()}{among}) "
+        "where the constant was, not the constant's own buffer: a second device buffer, and no constant (an "
+        f"optimizer may change it; weight decay does). {_ADVICE.get(library, _ADVICE[''])} Said "
+        'once per line (docs: "Training").',
         FrozenConstWarning,
-        stacklevel=user_stacklevel(),
+        user.f_code.co_filename,
+        user.f_lineno,
+        module=module_globals.get("__name__", "<string>"),
+        # As `warnings.warn` passes them (not `module_globals`: its source lookup fails on
+        # code built by `exec`, where `warnings.warn` works).
+        registry=module_globals.setdefault("__warningregistry__", {}),
     )
+
+
+def _constants_rebuilt(caller: types.FrameType, node: type) -> int | None:
+    """How many FrozenConsts (pytree nodes of type `node`) the tree being rebuilt holds, the
+    one the warning names among them: JAX's tree functions (`tree_map`, `tree_unflatten`, a
+    jitted function's first call) hold its structure in a local, a `PyTreeDef`. None where
+    the caller holds none (JAX's jit rebuilding its outputs in C++, which only a line's
+    later calls take)."""
+    for value in caller.f_locals.values():
+        if isinstance(value, jax.tree_util.PyTreeDef):
+            count, pending = 0, [value]
+            while pending:
+                tree = pending.pop()
+                data = tree.node_data()
+                count += data is not None and data[0] is node
+                pending += tree.children()
+            return count
+    return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 
 class FrozenConstTypeError(TypeError):
     """Raised when a value of an unsupported kind is given to `frozenconst`.
@@ -63,7 +65,14 @@ class CapturedNumpyConstantError(AssertionError):
     function captured a raw NumPy constant above its size threshold.
 
     An `AssertionError`, so a test that trips the guard fails rather than errors.
+
+    Attributes:
+        user_frames: the frames of your code (each `(frame, last instruction, line)`,
+            innermost first) when the first offending program was compiled; the
+            pytest fixture shows the test's own line from them.
     """
+
+    user_frames: tuple[tuple[types.FrameType, int, int], ...] = ()
 
 
 class FrozenConstWarning(UserWarning):

@@ -14,14 +14,18 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, ParamSpec, TypeVar
 
 import jax
 import numpy as np
 
 from ._errors import FrozenConstTypeError
 from ._frozen import FrozenConst, derived_leaf
-from ._jit import JitWrapped
+from ._jit import JitWrapped, refuse_generator
+
+# The compiled function's parameters and return type: the wrapped function's.
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 # What `eqx.is_array` traces: JAX and NumPy arrays, NumPy scalars.
 _ARRAYS = (jax.Array, np.ndarray, np.generic)
@@ -82,8 +86,11 @@ def _hashable(value: Any) -> bool:
 
 def _same_static(a: Any, b: Any) -> bool:
     # As `eqx.filter_jit`: equal by `==` where both sides are the same type
-    # (1 and 1.0 and True are different static configurations).
-    return type(a) is type(b) and bool(a == b)
+    # (1 and 1.0 and True are different static configurations). The same object first, as
+    # `jax.jit` finds a static argument in its cache (Python's `tuple` and `dict` comparisons
+    # do the same): a leaf unequal to itself (`float("nan")`) would otherwise compile anew
+    # at every call (issue #37).
+    return a is b or (type(a) is type(b) and bool(a == b))
 
 
 jax.tree_util.register_pytree_node(_Static, lambda s: ((), s), lambda s, _: s)
@@ -131,7 +138,7 @@ def _join(dynamic: list[Any], static: _Static, received: list[Any]) -> Any:
     return jax.tree_util.tree_unflatten(static.treedef, leaves)
 
 
-class FilterJitted:
+class FilterJitted(Generic[_P, _R]):
     """A function compiled by [`frozenconst.filter_jit`][frozenconst.filter_jit].
 
     Call it like the original.
@@ -139,14 +146,15 @@ class FilterJitted:
 
     __slots__ = ("__dict__", "__weakref__", "_fun", "_jitted")
 
-    def __init__(self, fun: Callable[..., Any], jit_kwargs: dict[str, Any]) -> None:
+    def __init__(self, fun: Callable[_P, _R], jit_kwargs: dict[str, Any]) -> None:
         self._fun = fun
+        call: Callable[..., Any] = fun  # called with the arguments rebuilt from the two halves
 
         def traced(dynamic: list[Any], static: _Static) -> tuple[list[Any], _Static]:
             args, kwargs = _join(dynamic, static, dynamic)
             # Each FrozenConst received holds a derived value around its parameter here.
             received = {id(leaf): i for i, leaf in enumerate(map(derived_leaf, dynamic)) if leaf is not None}
-            out_dynamic, out_static = _split(fun(*args, **kwargs))
+            out_dynamic, out_static = _split(call(*args, **kwargs))
             marks = list(out_static.leaves)
             for i, out in enumerate(out_dynamic):
                 leaf = derived_leaf(out)
@@ -166,11 +174,12 @@ class FilterJitted:
         self._jitted = JitWrapped(traced, {**jit_kwargs, "static_argnums": 1})
         functools.update_wrapper(self, fun)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         dynamic, static = _split((args, kwargs))
         hash(static)  # an unhashable static leaf raises here, with its fix, not inside jax.jit
         out_dynamic, out_static = self._jitted(dynamic, static)
-        return _join(out_dynamic, out_static, dynamic)
+        out: _R = _join(out_dynamic, out_static, dynamic)  # what `fun` returned, as it traced it
+        return out
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Like `eqx.filter_jit(f).lower`: the program for these arguments, constants as parameters."""
@@ -183,7 +192,7 @@ class FilterJitted:
         return functools.partial(self, instance)
 
 
-def filter_jit(fun: Callable[..., Any], /, *, embed_max_bytes: int | None = None) -> FilterJitted:
+def filter_jit(fun: Callable[_P, _R], /, *, embed_max_bytes: int | None = None) -> FilterJitted[_P, _R]:
     """`eqx.filter_jit`, with every FrozenConst the function reaches kept out of the program.
 
     Arrays (`jax.Array`, NumPy arrays and scalars) and FrozenConsts in the
@@ -205,7 +214,7 @@ def filter_jit(fun: Callable[..., Any], /, *, embed_max_bytes: int | None = None
     Raises:
         FrozenConstTypeError: (at call time) a static leaf is not hashable.
 
-    Example:
+    Examples:
         >>> import numpy as np, jax, jax.numpy as jnp, frozenconst
         >>> table = frozenconst.FrozenConst(np.ones((256, 256), np.float32))
         >>> model = {"table": table, "act": jax.nn.relu, "scale": 2.0}
@@ -220,5 +229,6 @@ def filter_jit(fun: Callable[..., Any], /, *, embed_max_bytes: int | None = None
         raise FrozenConstTypeError(
             f"frozenconst.filter_jit needs a callable, but received a `{type(fun).__name__}`."
         )
+    refuse_generator(fun, "frozenconst.filter_jit")
     kwargs: dict[str, Any] = {} if embed_max_bytes is None else {"embed_max_bytes": embed_max_bytes}
     return FilterJitted(fun, kwargs)

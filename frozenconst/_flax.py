@@ -4,22 +4,34 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from ._frozen import FrozenConst
+from ._compat import Tracer
+from ._frozen import FrozenConst, derived_leaf
 
 
-def _to_state(x: FrozenConst) -> np.ndarray[Any, Any]:
-    # The host data, read-only and in its own dtype: a restored constant is the
-    # original bit for bit, whatever the x64 setting when either side ran.
-    return np.asarray(x)
+def _to_state(x: FrozenConst) -> Any:
+    # A constant: the host data, read-only and in its own dtype, so a restored
+    # constant is the original bit for bit, whatever the x64 setting when either
+    # side ran. A value derived from one (a tracer inside `jax.jit(model.apply)`,
+    # a jitted step's output): the array it holds, as flax keeps a `jax.Array`
+    # as it is. linen's `__setattr__` asks for the state of every attribute a
+    # module's `setup()` assigns (`_map_over_modules_in_tree`), traced params
+    # included; `np.asarray` of a tracer raises there (issue #35).
+    leaf = derived_leaf(x)
+    return np.asarray(x) if leaf is None else leaf
 
 
 def _from_state(template: FrozenConst, state: Any) -> FrozenConst:
     # flax calls its first argument the restore "target"; here it is the template
     # constant (the glossary keeps "target" for what names a placement).
+    if isinstance(state, Tracer):
+        # A traced state (linen maps over a traced module's attributes): a value
+        # derived from a constant, as `jax.jit` rebuilds one from its tracer.
+        # (A tracer never unflattens to NumPy data: the result is a FrozenConst.)
+        return cast(FrozenConst, FrozenConst.tree_unflatten(None, (state,)))
     restored = np.asarray(state)
     if template.is_concrete:
         host = np.asarray(template)
@@ -44,7 +56,7 @@ def register_flax() -> None:
     by `import frozenconst` when flax is already imported; call it yourself
     where flax may be imported later. Calling it again does nothing.
 
-    Example:
+    Examples:
         >>> import numpy as np, frozenconst
         >>> from flax import serialization
         >>> frozenconst.register_flax()

@@ -12,17 +12,19 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 from numpy.typing import ArrayLike, DTypeLike
 
-from . import _hoisting
-from ._cache import STATE, Placement, Store, Use, owner_of
+from . import _derived, _hoisting
+from ._cache import OWNER_REFS, STATE, Placement, Store, Use
 from ._compat import (
     DEFAULT_DEVICE,
     DIFFERENTIATED,
     ArrayImpl,
     Tracer,
     array_attributes,
+    frame_at,
     register_array_type,
+    top_level,
 )
-from ._derived import Derived, warn_derived_copy
+from ._derived import Derived, note_derived_copy
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._host import HostMemory, frozen_copy, host_memory_choice
 from ._partial import as_shape, from_callback, from_source, lazily_sliceable, spans_processes
@@ -34,6 +36,9 @@ from ._targets import Target, as_sharding
 _REFUSED = frozenset({"delete"})
 # DLPack's device type of host memory (`kDLCPU`), as `jax.dlpack` and NumPy number it.
 _DL_CPU = 1
+# The Python scalar types JAX types weakly (`jnp.asarray(0.5)`, `jnp.asarray(3)`, not
+# `jnp.asarray(True)`): exactly these types, as `jax._src.dtypes`' `_weak_types` lists them.
+_WEAK_TYPES = (int, float, complex)
 
 
 if TYPE_CHECKING:
@@ -80,7 +85,7 @@ class FrozenConst(_StaticBase):
         FrozenConstValueError: `obj` is a ragged nested sequence, or `host_memory`
             (or `FROZENCONST_HOST_MEMORY`) is not one of the three choices.
 
-    Example:
+    Examples:
         >>> import numpy as np, jax.numpy as jnp
         >>> from frozenconst import FrozenConst
         >>> table = FrozenConst(np.arange(6.0).reshape(2, 3))   # float64 data, x64 off
@@ -117,7 +122,8 @@ class FrozenConst(_StaticBase):
             # The same store where the dtype is the same (no copy), else a frozen
             # copy, placed in host memory as any new constant is.
             store = obj._store.with_dtype(dtype)
-            if store is not obj._store:
+            if store is not obj._store or (dtype is not None and store.weak):
+                # (A dtype asked for makes it strongly typed, as `jnp.asarray(a, dtype)` does.)
                 store = Store(store.host, choice)
             elif host_memory is not None:
                 store = store.in_host_memory(choice)
@@ -132,7 +138,9 @@ class FrozenConst(_StaticBase):
         else:
             # Validated (bad kinds, values the dtype cannot hold, integers JAX
             # would wrap on the device under the current x64 setting), copied once.
-            store = Store(frozen_copy(obj, dtype), choice, mapped=lazily_sliceable(obj))
+            # A Python scalar without a dtype is weakly typed, as in `jnp.asarray(0.5)`.
+            weak = dtype is None and type(obj) in _WEAK_TYPES
+            store = Store(frozen_copy(obj, dtype), choice, mapped=lazily_sliceable(obj), weak=weak)
         if declared is None:
             declared = store.home if sharding is None else store.declare(sharding)
         self._init(store, declared)
@@ -179,7 +187,7 @@ class FrozenConst(_StaticBase):
             FrozenConstTypeError: a slice or dtype JAX cannot hold, slices of
                 different dtypes without `dtype`, or a `shape` that is not ints.
 
-        Example:
+        Examples:
             >>> import jax, numpy as np
             >>> from jax.sharding import SingleDeviceSharding
             >>> from frozenconst import FrozenConst
@@ -234,13 +242,14 @@ class FrozenConst(_StaticBase):
         return ((jax.tree_util.GetAttrKey("value"), self.__jax_array__()),), None
 
     @classmethod
-    def tree_unflatten(cls, aux_data: None, children: Any) -> FrozenConst:
+    def tree_unflatten(cls, aux_data: None, children: Any) -> FrozenConst | np.ndarray[Any, Any]:
         """Rebuild from a leaf.
 
         From the constant's own cached buffer (passed through `jit`, rebuilt by
         `eqx.combine` or a flax NNX state round trip), the constant itself; from
         anything else (a tracer, a gradient, a mapped result), a derived value
-        that never claims the original's host data. A value being differentiated
+        that never claims the original's host data; from NumPy data (`jax.device_get`),
+        that NumPy array. A value being differentiated
         (`jax.grad`, `jvp`, `vjp`, `linearize`) is stopped here: a FrozenConst has
         no gradient, and JAX's programs are otherwise those of a `jax.Array`.
         A derived value around a new concrete `jax.Array` (an optimizer's state or
@@ -249,17 +258,35 @@ class FrozenConst(_StaticBase):
         (docs/training.md, "What each idiom does").
         """
         (leaf,) = children
-        if isinstance(leaf, DIFFERENTIATED):
+        if type(leaf) is not ArrayImpl and isinstance(leaf, DIFFERENTIATED):
             # A constant to autodiff: the value without its tangent (where JAX's
             # autodiff flattened the constant itself, that is its own buffer again).
             leaf = jax.lax.stop_gradient(leaf)
-        owner = owner_of(leaf)
-        if owner is not None:
-            return cls._of(*owner)
+        # `owner_of`, `note_derived_copy`'s first check and `_of`, inlined: a jitted step
+        # returning many FrozenConsts rebuilds each one per call, and each call here was a
+        # measurable part of it (issue #35, `python -m benchmarks training`, derived copies).
+        ref = OWNER_REFS.get(id(leaf))
+        if ref is not None:
+            store = ref()
+            owner = None if store is None else store.sharding_of(leaf)
+            if owner is not None:
+                return cls._of(*owner)
+        if type(leaf) is np.ndarray:
+            # NumPy data in the constant's place (`jax.device_get(x)`, `jax.tree.map(np.asarray,
+            # tree)`): that array, as for a `jax.Array` leaf, not a FrozenConst wrapping NumPy
+            # data (issue #37). On the CPU it is a read-only view of the host data, no copy.
+            return leaf
         derived = Derived(leaf)
-        if isinstance(leaf, jax.Array) and not isinstance(leaf, Tracer):
-            warn_derived_copy(derived)
-        return cls._of(derived)
+        if derived.hot is not None:  # a new concrete array: a copy (a tracer is what a trace rebuilds)
+            caller = frame_at(1)  # the code that called JAX's tree function
+            told = _derived.told
+            code, lasti = told.last
+            if caller.f_code is not code or caller.f_lasti != lasti or told.filters is not warnings.filters:
+                note_derived_copy(derived, caller, cls)
+        handle = object.__new__(cls)
+        handle._store = derived
+        handle._sharding = None
+        return handle
 
     # -- the device side -------------------------------------------------------
 
@@ -306,7 +333,7 @@ class FrozenConst(_StaticBase):
             FrozenConstValueError: the sharding does not fit the constant's shape, or
                 a bare PartitionSpec is given with no active mesh.
 
-        Example:
+        Examples:
             >>> import jax, numpy as np
             >>> from frozenconst import FrozenConst
             >>> x = FrozenConst(np.arange(4.0))
@@ -330,7 +357,7 @@ class FrozenConst(_StaticBase):
         instead of the default-device buffer. The host buffer and the device
         cache are shared with `self`: no copy.
 
-        Example:
+        Examples:
             >>> import jax, numpy as np
             >>> from frozenconst import FrozenConst
             >>> x = FrozenConst(np.arange(4.0)).placed(jax.devices()[0])
@@ -344,7 +371,7 @@ class FrozenConst(_StaticBase):
     def declared_sharding(self) -> jax.sharding.Sharding | None:
         """The declared sharding (from `sharding=` or `placed`), or None to follow `jax.default_device`.
 
-        Example:
+        Examples:
             >>> import jax, numpy as np
             >>> from frozenconst import FrozenConst
             >>> x = FrozenConst(np.zeros(4, np.float32))
@@ -371,7 +398,7 @@ class FrozenConst(_StaticBase):
     def placements(self) -> tuple[Placement, ...]:
         """The cached device placements, each with its sharding, dtype and bytes per device.
 
-        Example:
+        Examples:
             >>> import jax, numpy as np
             >>> from frozenconst import FrozenConst
             >>> x = FrozenConst(np.zeros(256, np.float32))
@@ -389,7 +416,7 @@ class FrozenConst(_StaticBase):
             target: drop only this placement (for a device, also the default
                 buffer on it). Default: drop every cached placement.
 
-        Example:
+        Examples:
             >>> import jax, numpy as np
             >>> from frozenconst import FrozenConst
             >>> x = FrozenConst(np.ones(3))
@@ -404,7 +431,7 @@ class FrozenConst(_StaticBase):
     def fingerprint(self) -> str:
         """A digest of dtype, shape and bytes (`sha256:<hex>`), computed once, on first request.
 
-        Example:
+        Examples:
             >>> import numpy as np
             >>> from frozenconst import FrozenConst
             >>> FrozenConst(np.arange(3)).fingerprint == FrozenConst([0, 1, 2]).fingerprint
@@ -415,7 +442,7 @@ class FrozenConst(_StaticBase):
     def stats(self) -> ConstStats:
         """This constant's accounting: host and device bytes, transfers, hits, zero-copy.
 
-        Example:
+        Examples:
             >>> import numpy as np, jax.numpy as jnp
             >>> from frozenconst import FrozenConst
             >>> x = FrozenConst(np.ones(16, np.float32))
@@ -432,7 +459,7 @@ class FrozenConst(_StaticBase):
 
         What `host_memory="auto"` (the default) chose; see [Host memory](host-memory.md).
 
-        Example:
+        Examples:
             >>> import numpy as np
             >>> from frozenconst import FrozenConst
             >>> FrozenConst(np.ones(4), host_memory="pageable").host_memory
@@ -544,7 +571,7 @@ class FrozenConst(_StaticBase):
         contexts as the device buffers do. Runtime annotation checkers (jaxtyping)
         and `np.dtype(x)` see this one; the host data's own is `host_dtype`.
 
-        Example:
+        Examples:
             >>> import numpy as np
             >>> from frozenconst import FrozenConst
             >>> x = FrozenConst(np.arange(4.0), dtype=np.float64)   # float64 kept on the host, x64 off
@@ -588,6 +615,24 @@ class FrozenConst(_StaticBase):
         committed: bool = getattr(self.__jax_array__(), "_committed")  # noqa: B009 - not in jax.Array's stubs
         return committed
 
+    def __getitem__(self, index: Any) -> jax.Array:
+        """`x[index]`, as `jnp.asarray(x)[index]`; a static index inside a trace reads the host data.
+
+        A static index or slice (ints, slices, `None`, `...`) inside a trace that
+        frozenconst does not compile (`jax.jit`, `eqx.filter_jit`, `nnx.jit`, `vmap`)
+        takes the part from the frozen host data, as JAX takes a NumPy array's part
+        there: the program holds that part, not the whole constant (a 16 MiB table read
+        at 8 positions gave 508x the program of the NumPy array it replaced, under JAX's
+        default constant pipeline), and no device buffer of the whole constant is made
+        for it (under the simplified one). Everywhere else, the cached device buffer is
+        indexed.
+        """
+        if self._sharding is None and not top_level() and not _hoisting.tracing() and _static_index(index):
+            part = self._store.static_part(index)
+            if part is not None:
+                return part
+        return _getitem(self, index)
+
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of unsized object")
@@ -595,6 +640,24 @@ class FrozenConst(_StaticBase):
 
     def __iter__(self) -> Iterator[jax.Array]:
         return iter(self.__jax_array__())
+
+    def __contains__(self, value: Any) -> bool:
+        """`value in x`, as `value in jnp.asarray(x)`: one comparison on the device where JAX
+        has one (jax >= 0.10), where Python's fallback (`__iter__`) compared element by element
+        (a 20,000-element constant: 441-521 ms against 0.3-2.9 ms, issue #37)."""
+        return _unwrap(value) in self.__jax_array__()
+
+    def __array_namespace__(self, *, api_version: str | None = None) -> Any:
+        """The array API namespace of `jnp.asarray(x)`: `jax.numpy`, so that array-API code
+        (`xp = x.__array_namespace__()`, `array_api_compat.array_namespace(x)`) takes a constant
+        as it takes a `jax.Array`. `api_version` as JAX takes it."""
+        return self.__jax_array__().__array_namespace__(api_version=api_version)
+
+    def block_until_ready(self) -> FrozenConst:
+        """Wait until the cached device buffer is ready; returns `x` itself, as
+        `jax.Array.block_until_ready` returns its array."""
+        self.__jax_array__().block_until_ready()
+        return self
 
     def __repr__(self) -> str:
         return self._store.describe()
@@ -642,6 +705,8 @@ class FrozenConst(_StaticBase):
         # the x64 setting of the unpickling process (float64 stays float64).
         host = self._host("pickle.dumps(x)")
         if self._sharding is None:
+            if getattr(self._store, "weak", False):
+                return (_unpickle_weak, (host,))  # weakly typed again (`FrozenConst(0.5)`)
             return (FrozenConst, (host, host.dtype))
         return (_unpickle_placed, (host, _sharding_state(self._sharding)))
 
@@ -740,6 +805,12 @@ def _rebuild_sharding(state: tuple[Any, ...]) -> jax.sharding.Sharding:
     raise LookupError(f"frozenconst cannot carry a placement of this kind through pickle ({state[1]})")
 
 
+def _unpickle_weak(host: np.ndarray[Any, Any]) -> FrozenConst:
+    """Unpickle a constant made from a Python scalar: its host data as it was held, weakly typed."""
+    store = Store(frozen_copy(host, host.dtype), host_memory_choice(None), weak=True)
+    return FrozenConst._of(store)  # pyright: ignore[reportPrivateUsage] - its own class's constructor
+
+
 def _unpickle_placed(host: np.ndarray[Any, Any], state: tuple[Any, ...]) -> FrozenConst:
     """Unpickle a constant with its placement, or, where it cannot be rebuilt here, without."""
     try:
@@ -817,12 +888,33 @@ _OPERATORS = [
     *("__pow__", "__rpow__", "__matmul__", "__rmatmul__", "__and__", "__rand__", "__or__", "__ror__"),
     *("__xor__", "__rxor__", "__lshift__", "__rlshift__", "__rshift__", "__rrshift__"),
     *("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"),
-    *("__neg__", "__pos__", "__abs__", "__invert__", "__round__", "__getitem__"),
+    *("__neg__", "__pos__", "__abs__", "__invert__", "__round__"),
 ]
 
 
 # Those taking other than exactly one operand: `round(x)` and `round(x, 2)`.
 _NOT_BINARY = frozenset({"__neg__", "__pos__", "__abs__", "__invert__", "__round__"})
+
+
+# `x[index]` wherever `FrozenConst.__getitem__` does not read the host data.
+_getitem: Callable[[FrozenConst, Any], jax.Array] = _forward_binary("__getitem__")
+
+
+def _static_index(index: Any) -> bool:
+    """Whether `index` is static, as NumPy's basic indexing: ints (not bools), slices of ints,
+    `None` and `...`, alone or in a tuple."""
+    entries = index if type(index) is tuple else (index,)
+    return all(
+        entry is None
+        or entry is Ellipsis
+        or (isinstance(entry, (int, np.integer)) and not isinstance(entry, (bool, np.bool_)))
+        or (isinstance(entry, slice) and all(_static_bound(b) for b in (entry.start, entry.stop, entry.step)))
+        for entry in entries
+    )
+
+
+def _static_bound(bound: Any) -> bool:
+    return bound is None or (isinstance(bound, (int, np.integer)) and not isinstance(bound, (bool, np.bool_)))
 
 
 def _install_operators() -> None:
@@ -864,10 +956,16 @@ _install_operators()
 _install_forwarded()
 _UNLISTED = _REFUSED | (array_attributes() - array_attributes(tracers=False))
 # Registered with the methods themselves (not `register_pytree_with_keys_class`,
-# which calls them through `operator.methodcaller`): one call less per flatten.
+# which calls them through `operator.methodcaller`): one call less per flatten. JAX's
+# annotation says a node unflattens to its own type; NumPy data in a constant's place
+# unflattens to that NumPy array (`tree_unflatten`), as JAX itself allows.
 jax.tree_util.register_pytree_with_keys(
-    FrozenConst, FrozenConst.tree_flatten_with_keys, FrozenConst.tree_unflatten, FrozenConst.tree_flatten
+    FrozenConst,
+    FrozenConst.tree_flatten_with_keys,
+    FrozenConst.tree_unflatten,  # type: ignore[arg-type]
+    FrozenConst.tree_flatten,
 )
 # JAX's `core.typeof(x)` answers the cached buffer's type, where a jax.numpy function
-# asks it before converting (`jnp.bincount(x, weights)`); `jax.lax` still refuses (_compat).
+# asks it before converting (`jnp.bincount(x, weights)`), and `jax.lax` takes the buffer
+# as an operand, on the JAX versions that have the tables (`_compat.register_array_type`).
 register_array_type(FrozenConst, FrozenConst.__jax_array__)

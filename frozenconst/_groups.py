@@ -68,7 +68,8 @@ class Group(FedArrays):
         self.lock = threading.Lock()
         # Whether the arrays fed can be fed again while the settings and the
         # device caches stay the same (not where a mesh is followed, which
-        # depends on the arguments).
+        # depends on the arguments, nor where a buffer of a constant was
+        # donated before, and may be again between two calls: `Store.volatile`).
         self.reusable = True
         # The arrays fed last, kept for the next call where `reusable`.
         self.fed: Fed | None = None
@@ -79,7 +80,8 @@ class Group(FedArrays):
         """Make `pending` parameters of the traces to come."""
         with self.lock:
             self.uses.extend(s for s in pending if s not in self.uses)
-            self.reusable = not _multi_device() or all(p is not None for _, p in self.uses)
+            follows_mesh = _multi_device() and any(p is None for _, p in self.uses)
+            self.reusable = not follows_mesh and not any(_volatile(s) for s, _ in self.uses)
             self.fed = None
 
     def arrays(self, args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
@@ -115,8 +117,13 @@ class Group(FedArrays):
         return arrays
 
     def forget(self, store: Store | None = None) -> None:
-        """Drop the arrays fed last (an eviction, or the end of this group)."""
+        """Drop the arrays fed last (an eviction, a lost buffer, or the end of this group)."""
         self.fed = None
+        if store is not None and _volatile(store) and any(s is store for s, _ in self.uses):
+            # A buffer of it was deleted behind our back (donated), and likely will be again:
+            # every call asks `Store.array`, which sees a deleted buffer and makes it again,
+            # where the arrays fed last would send XLA a deleted one (issue #37).
+            self.reusable = False
 
 
 class Fed:
@@ -248,6 +255,10 @@ class Constants(FedArrays):
         store, sharding = use
         if math.prod(store.shape) * store.dtype.itemsize > self.capture_max:
             return False
+        if _volatile(store):
+            # Its buffer was deleted behind our back once (donated): a parameter, fed the
+            # buffer made again, where a captured one would retrace at every donation.
+            return False
         if sharding is not None:
             # JAX refuses to close over an array that spans other processes.
             return bool(sharding.is_fully_addressable)
@@ -291,13 +302,20 @@ class Constants(FedArrays):
             stacklevel=user_stacklevel(),
         )
 
-    def lost_captured(self) -> bool:
-        """Whether a device buffer that a trace captured was deleted since (donated elsewhere)."""
-        return any(store.lost_buffer() for store in list(self.captured))
+    def lost_captured(self) -> list[Store]:
+        """The constants whose device buffer a trace captured and which was deleted since
+        (donated elsewhere): empty, false, where there are none."""
+        return [store for store in list(self.captured) if store.lost_buffer()]
 
     def cache_info(self) -> int:
         """How many static configurations are known (for JAX's cache listings)."""
         return len(self.groups)
+
+
+def _volatile(store: Any) -> bool:
+    """Whether a buffer of the constant was deleted behind our back (`Store.volatile`); a value
+    derived from one (`_derived.Derived`, also met by traces) never is."""
+    return bool(getattr(store, "volatile", False))
 
 
 def visible_constants(fun: Callable[..., Any]) -> list[Use]:

@@ -1,8 +1,8 @@
 """A guard for test suites: fail when traced code captures a raw NumPy constant.
 
-While a guard is open, frozenconst watches the one function through which JAX
-lowers every program it compiles (`_compat.LOWERING_HOOK`) and walks each
-program it is given, with the walk `frozenconst.audit` uses, nested programs
+While a guard is open, frozenconst is shown each program JAX lowers for
+compilation (`_lowering`, which the embedding warning of `_embedding` shares)
+and walks it, with the walk `frozenconst.audit` uses, nested programs
 included. The decision is made from the constants themselves, under either
 constant pipeline, whatever else the program captures.
 """
@@ -10,16 +10,18 @@ constant pipeline, whatever else the program captures.
 from __future__ import annotations
 
 import contextlib
-import functools
+import inspect
+import os
 import threading
+import types
 import warnings
-from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import jax
 import numpy as np
 
-from . import _compat
+from . import _lowering
 from ._errors import CapturedNumpyConstantError, FrozenConstWarning
 from ._jaxprs import walk, where
 
@@ -38,20 +40,41 @@ class _Guard:
         # Reported arrays stay referenced until the block ends, so their keys
         # (memory addresses) cannot be reused by another array meanwhile.
         self._reported: dict[_BufferId, np.ndarray] = {}
+        # The user's frames when the first offending program was lowered, innermost
+        # first: the pytest plugin shows the test's own line from them.
+        self.stack: tuple[Frame, ...] = ()
 
     def record(self, found: Sequence[tuple[_BufferId, np.ndarray, Any]]) -> None:
         for key, host, eqn in found:
             if host.nbytes > self.max_bytes and key not in self._reported:
                 self._reported[key] = host
                 self.lines.append(_line(host, eqn))
+                if not self.stack:
+                    self.stack = _user_stack()
 
 
-# The guards open now, in any thread, and the patch that feeds them. `_open` is
-# only rebound (never mutated) under `_lock`, so the patched function reads a
-# consistent tuple without taking the lock.
+# A frame of the user's code, with the instruction and line it was at when recorded (the
+# frame moves on afterwards): what a traceback entry needs (`types.TracebackType`).
+Frame = tuple[types.FrameType, int, int]
+_LIBRARIES = (os.path.dirname(__file__) + os.sep, os.path.dirname(jax.__file__) + os.sep)
+
+
+def _user_stack() -> tuple[Frame, ...]:
+    """The calling thread's frames outside frozenconst and JAX, innermost first."""
+    frames: list[Frame] = []
+    here = inspect.currentframe()
+    frame = None if here is None else here.f_back
+    while frame is not None:
+        if not frame.f_code.co_filename.startswith(_LIBRARIES):
+            frames.append((frame, frame.f_lasti, frame.f_lineno))
+        frame = frame.f_back
+    return tuple(frames)
+
+
+# The guards open now, in any thread. `_open` is only rebound (never mutated) under
+# `_lock`, so the observer reads a consistent tuple without taking the lock.
 _lock = threading.Lock()
 _open: tuple[_Guard, ...] = ()
-_patch: tuple[Any, str, Callable[..., Any], Callable[..., Any]] | None = None  # module, name, original, ours
 
 
 def _host_array(value: Any) -> np.ndarray | None:
@@ -96,46 +119,31 @@ def _observe(program: Any, guards: tuple[_Guard, ...]) -> None:
             guard.record(found)
 
 
-def _observing(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def lower(*args: Any, **kwargs: Any) -> Any:
-        guards = _open
-        if guards:
-            _observe(_compat.lowered_program(args, kwargs), guards)
-        return original(*args, **kwargs)
-
-    return lower
+def _observe_open(program: Any, embeds_literals: bool) -> None:
+    """The guards' observer of every program JAX lowers (`_lowering`), while one is open."""
+    guards = _open
+    if guards:
+        _observe(program, guards)
 
 
 def _attach(guard: _Guard) -> bool:
-    """Open `guard`, patching JAX if it is the first; False where JAX has no hook to patch."""
-    global _open, _patch
+    """Open `guard`, observing JAX's lowering if it is the first; False where JAX has no
+    lowering function frozenconst can see."""
+    global _open
     with _lock:
-        if _patch is None:
-            hook = _compat.LOWERING_HOOK
-            original = None if hook is None else getattr(hook[0], hook[1], None)
-            if hook is None or not callable(original):
-                return False
-            ours = _observing(original)
-            setattr(hook[0], hook[1], ours)
-            _patch = (hook[0], hook[1], original, ours)
+        if not _open and not _lowering.add(_observe_open):
+            return False
         _open = (*_open, guard)
     return True
 
 
 def _detach(guard: _Guard) -> None:
-    """Close `guard`, restoring JAX when it was the last one open."""
-    global _open, _patch
+    """Close `guard`, no longer observing JAX's lowering when it was the last one open."""
+    global _open
     with _lock:
         _open = tuple(g for g in _open if g is not guard)
-        if _open or _patch is None:
-            return
-        module, name, original, ours = _patch
-        # Someone may have wrapped the function since (a test's monkeypatch):
-        # theirs stays, and ours underneath passes calls through untouched.
-        if getattr(module, name, None) is ours:
-            setattr(module, name, original)
-        _patch = None
+        if not _open:
+            _lowering.remove(_observe_open)
 
 
 def _line(host: np.ndarray, eqn: Any) -> str:
@@ -146,8 +154,7 @@ def _line(host: np.ndarray, eqn: Any) -> str:
     )
 
 
-@contextlib.contextmanager
-def no_numpy_constants(max_bytes: int = 1024) -> Generator[None]:
+def no_numpy_constants(max_bytes: int = 1024) -> _NoNumpyConstants:
     """Fail when code run inside captures a raw NumPy constant larger than `max_bytes`.
 
     Checks every program JAX lowers for compilation while the block is open (in
@@ -159,6 +166,9 @@ def no_numpy_constants(max_bytes: int = 1024) -> Generator[None]:
     again, so not checked; tracing alone (`jax.make_jaxpr`) is not checked
     either, use [`audit`][frozenconst.audit] for that. Warnings raised inside
     pass through untouched.
+
+    A context manager, and a decorator: `@frozenconst.no_numpy_constants()` checks
+    each call of the function it decorates.
 
     Arguments:
         max_bytes: the largest NumPy constant allowed.
@@ -172,39 +182,68 @@ def no_numpy_constants(max_bytes: int = 1024) -> Generator[None]:
             see its compilations (nothing inside is checked then), and at the
             end if a compiled program could not be inspected.
 
-    Example:
+    Examples:
+        A FrozenConst passes; the same code closing over the NumPy array
+        `np.ones((64, 64), np.float32)` raises `CapturedNumpyConstantError`
+        when the block ends, naming it and the line that used it.
+
         >>> import numpy as np, jax, jax.numpy as jnp, frozenconst
-        >>> table = np.ones((64, 64), np.float32)
+        >>> table = frozenconst.FrozenConst(np.ones((64, 64), np.float32))
         >>> with frozenconst.no_numpy_constants():
-        ...     _ = jax.jit(lambda w: table @ w)(jnp.ones(64))
-        Traceback (most recent call last):
-        ...
-        frozenconst.CapturedNumpyConstantError: 1 raw NumPy constant(s) captured...
+        ...     _ = frozenconst.jit(lambda w: table @ w)(jnp.ones(64))
     """
-    guard = _Guard(max_bytes)
-    if not _attach(guard):
-        warnings.warn(
-            f"frozenconst.no_numpy_constants cannot see the programs jax {jax.__version__} "
-            "compiles (no lowering hook in frozenconst._compat for this version): "
-            "nothing inside this block is checked",
-            FrozenConstWarning,
-            stacklevel=3,
-        )
-        yield
-        return
-    try:
-        yield
-    finally:
+    return _NoNumpyConstants(max_bytes)
+
+
+class _NoNumpyConstants(contextlib.ContextDecorator):
+    """What [`no_numpy_constants`][frozenconst.no_numpy_constants] returns: a context
+    manager and decorator; each `with` block (each decorated call) is checked on its own."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        # The guards of this object's open blocks, innermost last (None: nothing checked).
+        self._open: list[_Guard | None] = []
+
+    def __enter__(self) -> None:
+        guard = _Guard(self.max_bytes)
+        if not _attach(guard):
+            warnings.warn(
+                f"frozenconst.no_numpy_constants cannot see the programs jax {jax.__version__} "
+                "compiles (no lowering hook in frozenconst._compat for this version): "
+                "nothing inside this block is checked",
+                FrozenConstWarning,
+                stacklevel=2,
+            )
+            self._open.append(None)
+            return
+        self._open.append(guard)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, raised: BaseException | None, _: object
+    ) -> Literal[False]:
+        # pytest leaves this frame out of a failure's report: it shows the user's line and
+        # the message (the pytest plugin's fixture: the test's line), not this source.
+        __tracebackhide__ = True
+        guard = self._open.pop()
+        if guard is None:
+            return False
         _detach(guard)
-    if guard.blind:
-        warnings.warn(
-            f"frozenconst.no_numpy_constants could not inspect {len(guard.blind)} compiled "
-            f"program(s), which are not checked: {guard.blind[0]}",
-            FrozenConstWarning,
-            stacklevel=3,
+        found = f"{len(guard.lines)} raw NumPy constant(s) captured by traced code:\n" + "\n".join(
+            f"- {line}" for line in guard.lines
         )
-    if guard.lines:
-        raise CapturedNumpyConstantError(
-            f"{len(guard.lines)} raw NumPy constant(s) captured by traced code:\n"
-            + "\n".join(f"- {line}" for line in guard.lines)
-        )
+        if raised is not None:  # the block's own error is the one raised; what was found, a note
+            if guard.lines:
+                raised.add_note(f"frozenconst.no_numpy_constants also found {found}")
+            return False
+        if guard.blind:
+            warnings.warn(
+                f"frozenconst.no_numpy_constants could not inspect {len(guard.blind)} compiled "
+                f"program(s), which are not checked: {guard.blind[0]}",
+                FrozenConstWarning,
+                stacklevel=2,
+            )
+        if guard.lines:
+            error = CapturedNumpyConstantError(found)
+            error.user_frames = guard.stack
+            raise error
+        return False

@@ -68,7 +68,7 @@ def frozen_copy(obj: Any, dtype: DTypeLike | None = None, what: str | None = Non
     `np.asarray(obj, dtype=dtype)` and `jnp.asarray` do (a Python int goes to
     float32 through a Python float), once every value is known to fit.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> frozen_copy([1.5, 2.5], np.int8)
         array([1, 2], dtype=int8)
@@ -247,7 +247,7 @@ HOST_MEMORY_VARIABLE = "FROZENCONST_HOST_MEMORY"
 def host_memory_choice(value: object) -> HostMemory:
     """`host_memory=` checked; None reads `FROZENCONST_HOST_MEMORY` (unset or empty: "auto").
 
-    Example:
+    Examples:
         >>> host_memory_choice("pinned")
         'pinned'
         >>> host_memory_choice("locked")

@@ -37,7 +37,7 @@ def intern(obj: ArrayLike | FrozenConst, dtype: DTypeLike | None = None) -> Froz
     Raises:
         FrozenConstTypeError, FrozenConstValueError: as `FrozenConst` does.
 
-    Example:
+    Examples:
         >>> import numpy as np, frozenconst
         >>> a = frozenconst.intern(np.arange(1000.0))
         >>> b = frozenconst.intern(np.arange(1000.0))   # loaded again elsewhere

@@ -12,20 +12,21 @@ from jax.extend import core as jex_core
 from jax.extend import source_info_util
 
 
-def walk(closed: Any) -> Iterator[tuple[Any, Any]]:
-    """(constant value, equation) for every reference to a constant, at every level."""
+def walk(closed: Any, literals: bool = True) -> Iterator[tuple[Any, Any]]:
+    """(constant value, equation) for every reference to a constant, at every level: the
+    program's constants, and (`literals`) its literal arrays, the simplified pipeline's form."""
     jaxpr = closed.jaxpr if hasattr(closed, "jaxpr") else closed
     consts = dict(zip(jaxpr.constvars, getattr(closed, "consts", ()), strict=False))
     for eqn in jaxpr.eqns:
         for var in eqn.invars:
             if isinstance(var, jex_core.Literal):
-                if np.ndim(var.val) > 0:
+                if literals and np.ndim(var.val) > 0:
                     yield var.val, eqn
             elif var in consts:
                 yield consts[var], eqn
         for param in eqn.params.values():
             for sub in _sub_jaxprs(param):
-                yield from walk(sub)
+                yield from walk(sub, literals)
 
 
 def _sub_jaxprs(param: Any) -> Iterator[Any]:

@@ -22,38 +22,50 @@ import inspect
 import sys
 import weakref
 from collections.abc import Callable
-from typing import Any, overload
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
 import jax
 
 from ._argnums import Argnums, shift
-from ._cache import Use
-from ._compat import SIMPLIFIED_CONSTANTS, renew_trace_contexts
+from ._cache import Store, Use
+from ._compat import SIMPLIFIED_CONSTANTS, Tracer
+from ._embedding import EMBED_MAX_BYTES
 from ._errors import FrozenConstRuntimeError, FrozenConstTypeError
 from ._frozen import FrozenConst
 from ._groups import Constants, Group
-from ._hoisting import Rediscover
+from ._hoisting import Diagnosis, Rediscover, diagnosed
+from ._refusals import refused_as_array
 from ._stages import Lowered, Traced, compiled
 from ._tracebacks import boundary, hide_own_frames
-
-# Under JAX's default constant pipeline, a FrozenConst of at most this many
-# bytes is captured as its device buffer, which JAX embeds in the program, as
-# `jax.jit` embeds a closed-over array: each executable parameter adds to the
-# cost of every call (`python -m benchmarks compare`, row "frozenconst.jit per
-# call: ratio to jax.jit"; the figures are in `docs/results/`), so a function
-# holding hundreds of small tables would pay more per call than their bytes
-# are worth.
-# `frozenconst.audit` gives no advice below the same size.
-EMBED_MAX_BYTES = 1024
 
 # A call meets at most this many rounds of new constants; each round adds all
 # constants it met, so this bounds pathological code only.
 _MAX_ROUNDS = 64
 
+# A call refused for a deleted buffer is fed afresh and made again at most this many times:
+# each time, another thread donated a buffer it used in between (issue #37: two threads
+# donating the constant, 17-32 of 1,000 calls refused once; none twice in a row).
+_MAX_REFEEDS = 8
+
 _NOTHING: tuple[jax.Array, ...] = ()
 
+# The wrapped function's parameters and return type, kept for type checkers (`jax.jit`'s own
+# wrapper returns `Any`).
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_R_co = TypeVar("_R_co", covariant=True)
+_T = TypeVar("_T")
 
-class JitWrapped:
+
+class _Compiled(Protocol[_R_co]):
+    """The `jax.jit` function a `JitWrapped` calls: the constants first, then the arguments."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _R_co: ...
+    def lower(self, *args: Any, **kwargs: Any) -> Any: ...
+    def trace(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+class JitWrapped(Generic[_P, _R]):
     """A function compiled by [`frozenconst.jit`][frozenconst.jit]. Call it like the original.
 
     What it holds: the user's function; `_jitted`, `jax.jit` of that function
@@ -68,7 +80,9 @@ class JitWrapped:
     `_plain` with the arguments; else take each constant's cached device buffer
     (`Group.arrays`: the tuple fed last while nothing changed, else a
     `Store.array` per constant) and call `_jitted` with them in front of the
-    arguments (`_call`).
+    arguments (`_call`). A call XLA refuses for a buffer deleted since (donated,
+    by this call or another thread's) is fed afresh and made again (`_recover`);
+    any other error is raised as it is.
 
     How a newly met constant gets in: the trace that meets it lets it stand in
     as zeros (`_hoisting.resolve`) and notes it; at the end of the trace
@@ -100,7 +114,10 @@ class JitWrapped:
         "_plain",
     )
 
-    def __init__(self, fun: Callable[..., Any], jit_kwargs: dict[str, Any]) -> None:
+    _jitted: _Compiled[_R]
+    _plain: Callable[..., _R]
+
+    def __init__(self, fun: Callable[_P, _R], jit_kwargs: dict[str, Any]) -> None:
         self._fun = fun
         # What the user passed, for copies and for `jax.export` (`Traced.lower`).
         self._kwargs = dict(jit_kwargs)
@@ -136,7 +153,7 @@ class JitWrapped:
         self._constants.renew = weakref.WeakMethod(self._renew)
         functools.update_wrapper(self, fun)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         # The outer `try` is `_tracebacks.boundary`, inlined (free until something raises).
         try:
             group = self._constants.single or self._constants.group(args, kwargs)
@@ -150,29 +167,37 @@ class JitWrapped:
                 # (issue #26: `python -m benchmarks constants`, 16 B constants).
                 try:
                     return self._plain(*args, **kwargs)
-                except Rediscover:
-                    pass  # called again below: an error there is not raised "during handling" of this
-                except (RuntimeError, ValueError):
-                    if not self._constants.lost_captured():
-                        raise
-                    self._recapture()
-                return self._called_again(args, kwargs)
+                except Rediscover as stop:
+                    diagnosis, failed = stop.diagnosis, None
+                except (RuntimeError, ValueError) as err:
+                    diagnosis, failed = None, err
+                # Below, not inside the handlers: an error raised there is not "during handling" of these.
+                if failed is not None:
+                    return self._recover(failed, group, _NOTHING, args, kwargs)
+                return self._called_again(args, kwargs, diagnosis)
             # Outside the inner `try`: inside another frozenconst.jit trace, feeding can
             # stop that trace (`Rediscover`), which is the outer call's to handle.
             consts = group.arrays(args, kwargs)
             if self._donation_clash:
-                consts = self._not_donated(consts, args, kwargs)
+                consts = self._not_donated(consts, args, kwargs, group)
             try:
                 return self._jitted(consts, *args, **kwargs)
-            except Rediscover:
-                pass  # called again below: an error there is not raised "during handling" of this
+            except Rediscover as stop:
+                diagnosis, failed = stop.diagnosis, None
             except (RuntimeError, ValueError) as err:
-                if not self._constants.lost_captured():
-                    return self._jitted(self._refed(consts, err, group, args, kwargs), *args, **kwargs)
-                self._recapture()
-            return self._called_again(args, kwargs)
+                diagnosis, failed = None, err
+            # Below, not inside the handlers: an error raised there is not "during handling" of these.
+            if failed is not None:
+                return self._recover(failed, group, consts, args, kwargs)
+            return self._called_again(args, kwargs, diagnosis)
         except Exception as err:
             hide_own_frames(err)
+            refused = refused_as_array(err)
+            if refused is not None:
+                # JAX refused a FrozenConst where it takes only a jax.Array (an index into
+                # an array, ...): frozenconst's own error, naming the user's line and the fix,
+                # with the traceback that reaches that line.
+                raise refused.with_traceback(err.__traceback__) from err
             if isinstance(err, TypeError) and (
                 "as an abstract array" in str(err) or "valid JAX type" in str(err)
             ):
@@ -183,79 +208,130 @@ class JitWrapped:
                 )
             raise
 
-    def _called_again(self, args: Any, kwargs: Any) -> Any:
-        """The call made again, until no trace meets a new constant (`_again`). Not inlined in
-        `__call__`: a lambda there closing over the arguments made every call build cells."""
-        return self._again(lambda g, c: self._call(g, c, args, kwargs), args, kwargs)
+    def _called_again(self, args: Any, kwargs: Any, diagnosis: Diagnosis | None = None) -> _R:
+        """The call made again, until no trace meets a new constant (`_again`), `diagnosis` its
+        next step where it has one. Not inlined in `__call__`: a lambda there closing over the
+        arguments made every call build cells."""
+        return self._again(lambda g, c: self._call(g, c, args, kwargs), args, kwargs, diagnosis)
 
-    def _call(self, group: Group, consts: tuple[jax.Array, ...], args: Any, kwargs: Any) -> Any:
+    def _call(self, group: Group, consts: tuple[jax.Array, ...], args: Any, kwargs: Any) -> _R:
         """Run the compiled function with `consts` for `group`'s constants, then the arguments
         (the call made again after a trace met new constants; `__call__` inlines it)."""
         if self._donation_clash:
-            consts = self._not_donated(consts, args, kwargs)
+            consts = self._not_donated(consts, args, kwargs, group)
         try:
             return self._run(consts, args, kwargs)
         except (RuntimeError, ValueError) as err:
-            # XLA refuses a call before running it when a fed buffer was deleted
-            # since (donated elsewhere) or is donated by this very call: feed
-            # afresh, or a copy; where a buffer JAX captured was deleted, trace
-            # again (`_recapture`). Any other error is the caller's.
-            if not self._constants.lost_captured():
-                return self._run(self._refed(consts, err, group, args, kwargs), args, kwargs)
-            self._recapture()
-            return self._run(group.arrays(args, kwargs), args, kwargs)
+            failed = err
+        return self._recover(failed, group, consts, args, kwargs)
 
-    def _run(self, consts: tuple[jax.Array, ...], args: Any, kwargs: Any) -> Any:
+    def _recover(
+        self, err: Exception, group: Group, consts: tuple[jax.Array, ...], args: Any, kwargs: Any
+    ) -> _R:
+        """The call made again after it raised `err`, where a buffer it used was deleted; else
+        `err`, raised as it is (the user's error, or JAX's).
+
+        XLA refuses a call before running it when a fed buffer was deleted since (donated
+        elsewhere, maybe by another thread between our feeding and the call), when the call
+        donates a buffer also fed as a constant, or when a FrozenConst argument's buffer was
+        donated by another thread after the call flattened it: feed afresh, a copy, or flatten
+        again (`_refed`), a few times at most. Where a buffer that JAX captured was deleted,
+        the function traces again (`_recapture`). Raised after the handler of `err`, never
+        "during handling" of it: the user's error keeps its own context (issue #37).
+        """
+        for _ in range(_MAX_REFEEDS):
+            lost = self._constants.lost_captured()
+            if lost:
+                self._recapture(lost)
+                return self._called_again(args, kwargs)
+            consts = self._refed(consts, err, group, args, kwargs)
+            failed: Exception | None = None
+            try:
+                return self._run(consts, args, kwargs)
+            except Rediscover:
+                pass  # the program was dropped since (`jax.clear_caches()`): a new call, below
+            except (RuntimeError, ValueError) as again:
+                failed = again
+            if failed is None:
+                return self._called_again(args, kwargs)
+            err = failed
+        raise err
+
+    def _run(self, consts: tuple[jax.Array, ...], args: Any, kwargs: Any) -> _R:
         """The compiled function called with `consts` in front of the arguments; `_plain` where
         there are none, so that a configuration's programs live in one of the two (`__call__`)."""
         if consts:
             return self._jitted(consts, *args, **kwargs)
         return self._plain(*args, **kwargs)
 
-    def _again(self, step: Callable[[Group, tuple[jax.Array, ...]], Any], args: Any, kwargs: Any) -> Any:
-        """`step(group, arrays)` with the call's group and its arrays, until no trace meets a new constant."""
+    def _again(
+        self,
+        step: Callable[[Group, tuple[jax.Array, ...]], _T],
+        args: Any,
+        kwargs: Any,
+        diagnosis: Diagnosis | None = None,
+    ) -> _T:
+        """`step(group, arrays)` with the call's group and its arrays, until no trace meets a new
+        constant; each trace of this call takes the step of its diagnosis, if it has one
+        (`_hoisting.Diagnosis`: it lives and ends with this call)."""
+        protocol = self._constants.protocol
         for _ in range(_MAX_ROUNDS):
             group = self._constants.group(args, kwargs)
             # Outside the `try`, as in `__call__`: inside another frozenconst.jit
             # trace, feeding can stop that trace, which is the outer call's to handle.
             consts = group.arrays(args, kwargs)
             try:
-                return step(group, consts)
-            except Rediscover:
-                continue
+                return diagnosed(diagnosis, lambda: step(group, consts))  # noqa: B023 - called at once
+            except Rediscover as stop:
+                found = stop.diagnosis
+            # A diagnosis of this function's own (not of a function nested in it) carries on.
+            diagnosis = found if found is not None and found.protocol is protocol else None
         raise FrozenConstRuntimeError(
             f"frozenconst.jit traced {_MAX_ROUNDS} times and met FrozenConsts it did not know each "
             "time. This happens when `jax.clear_caches()` runs again and again during the call "
             "(each clears what the traces learned); otherwise it is a bug, please report it."
         )
 
-    def _recapture(self) -> None:
+    def _recapture(self, lost: list[Store]) -> None:
         """A device buffer that JAX captured in this function's programs was deleted (donated
-        to another function, issue #26): the next trace captures the constant's new buffer.
+        to another function, issue #26): the next trace takes the constant as a parameter.
 
         JAX keeps a captured buffer in its caches, of this function and of inner functions
         traced inside it, and refuses every later call with "Buffer has been deleted or
-        donated". A new traced function and new trace contexts miss all of those caches.
+        donated". A new traced function misses the first; the trace-context values under
+        which inner functions captured it are retired (`Store.drop_lost`,
+        `_hoisting.buffer_lost`), and no others (issue #37).
         """
+        for store in lost:
+            store.drop_lost()
         self._constants.forget()
-        renew_trace_contexts()
 
     def _refed(
         self, consts: tuple[jax.Array, ...], err: Exception, group: Group, args: Any, kwargs: Any
     ) -> tuple[jax.Array, ...]:
-        """The arrays to call again with after XLA refused `consts`; re-raises `err` if that is not why."""
-        deleted = any(a.is_deleted() for a in consts)
-        if deleted:
+        """The arrays to call again with after XLA refused `consts`; raises `err` if that is not why.
+
+        Inside another frozenconst.jit trace the arrays fed are that trace's values (tracers),
+        which nothing deletes: the user's error there is raised as it is (issue #37).
+        """
+        deleted = any(not isinstance(a, Tracer) and a.is_deleted() for a in consts)
+        # Another thread donated a buffer this call used (a FrozenConst argument's, flattened
+        # afresh by the next call; a fed one, or the buffer a copy was made from, fed afresh).
+        raced = not deleted and _deleted_buffer(err) and _holds_constant(args, kwargs)
+        if deleted or raced:
             group.forget()
             consts = group.arrays(args, kwargs)
-        unclashed = self._not_donated(consts, args, kwargs)
+        unclashed = self._not_donated(consts, args, kwargs, group)
         if unclashed is not consts:
             self._donation_clash = True
-        elif not deleted:
-            raise err
-        return unclashed
+            return unclashed
+        if deleted or raced:
+            return consts
+        raise err
 
-    def _not_donated(self, consts: tuple[jax.Array, ...], args: Any, kwargs: Any) -> tuple[jax.Array, ...]:
+    def _not_donated(
+        self, consts: tuple[jax.Array, ...], args: Any, kwargs: Any, group: Group
+    ) -> tuple[jax.Array, ...]:
         """`consts`, with a copy of each that this call also donates (`consts` itself if none)."""
         if self._donated is None:
             return consts
@@ -265,8 +341,7 @@ class JitWrapped:
         # What jax.jit does with such a constant: the program reads a copy of
         # the data (embedded, or hoisted), never the donated buffer.
         return tuple(
-            jax.device_put(c, c.sharding if c.committed else None, may_alias=False) if id(c) in donated else c
-            for c in consts
+            _copy(c, use) if id(c) in donated else c for c, use in zip(consts, group.uses, strict=False)
         )
 
     def _renew(self) -> None:
@@ -276,11 +351,11 @@ class JitWrapped:
         self._jitted = compiled(traced, self._jit_kwargs, self._constants.static)
         self._plain = jax.jit(_without_constants(traced, self._fun), **_user_jit_kwargs(self._kwargs))
 
-    def __copy__(self) -> JitWrapped:
+    def __copy__(self) -> JitWrapped[_P, _R]:
         # As `jax.jit`'s functions copy: a new compiled function of the same callable.
         return JitWrapped(self._fun, self._kwargs)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> JitWrapped:
+    def __deepcopy__(self, memo: dict[int, Any]) -> JitWrapped[_P, _R]:
         return JitWrapped(copy.deepcopy(self._fun, memo), copy.deepcopy(self._kwargs, memo))
 
     @boundary
@@ -364,6 +439,11 @@ def _make_traced(fun: Callable[..., Any], constants: Constants) -> Callable[...,
         traced.__signature__ = signature.replace(parameters=[consts, *params])  # type: ignore[attr-defined]
     traced.__name__ = getattr(fun, "__name__", "traced")
     traced.__qualname__ = getattr(fun, "__qualname__", traced.__name__)
+    # JAX names the traced function's file and line in its tracing errors ("The error occurred
+    # while tracing the function f at file.py:12"), found through `inspect.unwrap`
+    # (`api_util.fun_sourceinfo`, jax 0.6.2 to 0.12.0.1): the user's, as under `jax.jit`, not
+    # this module's (issue #37). `inspect.signature` stops at `__signature__` above.
+    traced.__wrapped__ = fun  # type: ignore[attr-defined]
     return traced
 
 
@@ -379,7 +459,45 @@ def _without_constants(traced: Callable[..., Any], fun: Callable[..., Any]) -> C
         plain.__signature__ = inspect.signature(fun)  # type: ignore[attr-defined]
     plain.__name__ = traced.__name__
     plain.__qualname__ = traced.__qualname__
+    plain.__wrapped__ = fun  # type: ignore[attr-defined]  # the user's file and line (`_make_traced`)
     return plain
+
+
+def _copy(array: jax.Array, use: Use) -> jax.Array:
+    """A copy of `array`, the buffer of the constant `use` fed to a call that also donates it:
+    the program reads the copy, never the donated buffer. Where another thread donated `array`
+    since, a copy of the buffer made again (issue #37)."""
+    if isinstance(array, Tracer):
+        return array  # inside another trace: a value of that trace, which nothing donates
+    for _ in range(_MAX_REFEEDS):
+        try:
+            return _device_copy(array)
+        except (RuntimeError, ValueError):
+            if not array.is_deleted():
+                raise
+        store, sharding = use
+        array = store.array(sharding)  # made again, from the host
+    return _device_copy(array)
+
+
+def _device_copy(array: jax.Array) -> jax.Array:
+    copied: jax.Array = jax.device_put(array, array.sharding if array.committed else None, may_alias=False)
+    return copied
+
+
+def _deleted_buffer(err: BaseException) -> bool:
+    """Whether `err` is JAX's refusal of a deleted (donated) buffer: "Array has been deleted",
+    "Buffer has been deleted or donated" (jax 0.6.2 to 0.12.0.1); on jax 0.6.2's CPU client a
+    buffer that another thread's call was donating also shows as "Executable expected parameter
+    0 of size 16384 but got buffer with incompatible size 4", refused before anything ran."""
+    text = str(err)
+    return "deleted" in text or "incompatible size" in text
+
+
+def _holds_constant(args: Any, kwargs: Any) -> bool:
+    """Whether the call's arguments hold a FrozenConst: each call flattens it to its buffer afresh."""
+    leaves = jax.tree_util.tree_leaves((args, kwargs), is_leaf=_is_frozen)
+    return any(isinstance(leaf, FrozenConst) for leaf in leaves)
 
 
 def _user_jit_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -410,13 +528,17 @@ def _within_trace(value: Any) -> Any:
     return value
 
 
+class _Decorator(Protocol):
+    """What `frozenconst.jit(**jit_kwargs)` returns: `frozenconst.jit` with those arguments."""
+
+    def __call__(self, fun: Callable[_P, _R], /) -> JitWrapped[_P, _R]: ...
+
+
 @overload
-def jit(fun: Callable[..., Any], /, **jit_kwargs: Any) -> JitWrapped: ...
+def jit(fun: Callable[_P, _R], /, **jit_kwargs: Any) -> JitWrapped[_P, _R]: ...
 @overload
-def jit(fun: None = None, /, **jit_kwargs: Any) -> Callable[[Callable[..., Any]], JitWrapped]: ...
-def jit(
-    fun: Callable[..., Any] | None = None, /, **jit_kwargs: Any
-) -> JitWrapped | Callable[[Callable[..., Any]], JitWrapped]:
+def jit(fun: None = None, /, **jit_kwargs: Any) -> _Decorator: ...
+def jit(fun: Callable[_P, _R] | None = None, /, **jit_kwargs: Any) -> JitWrapped[_P, _R] | _Decorator:
     """`jax.jit`, with the data of every FrozenConst the function reaches kept out of the program.
 
     Takes the same keyword arguments as `jax.jit`. A FrozenConst closed over,
@@ -441,7 +563,7 @@ def jit(
     Returns:
         A callable with `lower` and `trace` like a `jax.jit` function.
 
-    Example:
+    Examples:
         >>> import numpy as np, jax.numpy as jnp
         >>> import frozenconst
         >>> table = frozenconst.FrozenConst(np.ones((512, 512), np.float32))
@@ -454,9 +576,21 @@ def jit(
         True
     """
     if fun is None:
-        return functools.partial(jit, **jit_kwargs)
+        return cast(_Decorator, functools.partial(jit, **jit_kwargs))
     if not callable(fun):
         raise FrozenConstTypeError(
             f"frozenconst.jit needs a callable, but received a `{type(fun).__name__}`."
         )
+    refuse_generator(fun, "frozenconst.jit")
     return JitWrapped(fun, jit_kwargs)
+
+
+def refuse_generator(fun: Callable[..., Any], name: str) -> None:
+    """Refuse a generator function when it is wrapped, as `jax.jit` does (its call would only
+    make a generator, which no program can return)."""
+    if inspect.isgeneratorfunction(fun):
+        raise FrozenConstTypeError(
+            f"{name} needs a function that returns arrays, but received the generator function "
+            f"`{getattr(fun, '__qualname__', fun)!s}`, as jax.jit refuses it. Compile the body of "
+            "the loop instead, or collect what it yields into a list and return that."
+        )

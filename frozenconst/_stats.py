@@ -155,7 +155,7 @@ def stats() -> Stats:
     Counting hits costs one integer increment per use; switch it off with
     [`set_accounting`][frozenconst.set_accounting].
 
-    Example:
+    Examples:
         >>> import numpy as np, jax.numpy as jnp, frozenconst
         >>> before = frozenconst.stats()
         >>> x = frozenconst.FrozenConst(np.zeros(1024, np.float32))

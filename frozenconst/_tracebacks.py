@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 from ._compat import PACKAGE_DIR, jax_filtered, traceback_filtering
+from ._refusals import refused_as_array
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -57,7 +58,8 @@ def _without_own(tb: types.TracebackType | None) -> types.TracebackType | None:
 
 def boundary(fun: Callable[_P, _R]) -> Callable[_P, _R]:
     """`fun` as an entry point of frozenconst: an error leaving it drops frozenconst's frames
-    where JAX dropped its own (`JitWrapped.__call__` does the same inline, without the extra call)."""
+    where JAX dropped its own, and JAX's refusal of a FrozenConst is frozenconst's error
+    (`JitWrapped.__call__` does the same inline, without the extra call)."""
 
     @functools.wraps(fun)
     def entry(*args: _P.args, **kwargs: _P.kwargs) -> _R:
@@ -65,6 +67,11 @@ def boundary(fun: Callable[_P, _R]) -> Callable[_P, _R]:
             return fun(*args, **kwargs)
         except Exception as err:
             hide_own_frames(err)
+            refused = refused_as_array(err)
+            if refused is not None:
+                # JAX refused a FrozenConst where it takes only a jax.Array: frozenconst's own
+                # error, naming the user's line and the fix (`_refusals`).
+                raise refused.with_traceback(err.__traceback__) from err
             raise
 
     return entry

@@ -16,7 +16,7 @@ _T = TypeVar("_T")
 def is_frozen(x: object) -> TypeGuard[FrozenConst]:
     """Whether `x` is a FrozenConst. Pass it as `is_leaf=` so tree utilities stop at constants.
 
-    Example:
+    Examples:
         >>> import numpy as np, frozenconst
         >>> frozenconst.is_frozen(frozenconst.FrozenConst(np.ones(2))), frozenconst.is_frozen(np.ones(2))
         (True, False)
@@ -56,7 +56,7 @@ def partition(tree: _T) -> tuple[_T, _T]:
     Returns:
         `(trainable, rest)`, two pytrees with the structure of `tree`.
 
-    Example:
+    Examples:
         >>> import numpy as np, jax.numpy as jnp, frozenconst
         >>> params = {"w": jnp.ones(2), "step": jnp.zeros((), jnp.int32),
         ...           "table": frozenconst.FrozenConst(np.ones(3))}

@@ -6,7 +6,7 @@ annotation just work: by `import frozenconst` when hypothesis is imported
 already, by hypothesis's entry point when frozenconst is, and by importing
 this module.
 
-Example:
+Examples:
     >>> from hypothesis import given, strategies as st
     >>> from frozenconst import FrozenConst
     >>> from frozenconst.strategies import frozen_consts
@@ -84,7 +84,7 @@ def jax_dtypes(*, exotic: bool = False) -> st.SearchStrategy[np.dtype[Any]]:
     Returns:
         A strategy for NumPy dtypes, shrinking towards `bfloat16`.
 
-    Example:
+    Examples:
         >>> from hypothesis import find
         >>> find(jax_dtypes(), lambda d: d.kind == "c")
         dtype('complex128')
@@ -100,12 +100,24 @@ def _is_numpy_builtin(dtype: np.dtype[Any]) -> bool:
     return dtype.type.__module__ == "numpy"
 
 
-def _floats_within(top: float, allow_nan: bool) -> st.SearchStrategy[float]:
+def _not_subnormal_in(dtype: Any) -> Callable[[float], bool]:
+    """Whether a value, rounded into `dtype`, is zero or normal there: not a subnormal."""
+    tiny = float(_finfo(dtype).tiny)
+
+    def keep(value: float) -> bool:
+        return not 0 < abs(float(np.asarray(value).astype(dtype))) < tiny
+
+    return keep
+
+
+def _floats_within(top: float, allow_nan: bool, allow_subnormal: bool) -> st.SearchStrategy[float]:
     finite = st.floats(-top, top, allow_nan=False, allow_infinity=False)
+    if not allow_subnormal:  # none that float32, what JAX computes with, holds as a subnormal
+        finite = finite.filter(_not_subnormal_in(np.float32))
     return finite | st.sampled_from([math.nan, math.inf, -math.inf]) if allow_nan else finite
 
 
-def _elements(dtype: np.dtype[Any], allow_nan: bool) -> st.SearchStrategy[Any]:
+def _elements(dtype: np.dtype[Any], allow_nan: bool, allow_subnormal: bool) -> st.SearchStrategy[Any]:
     if _is_numpy_builtin(dtype):
         if dtype.itemsize == 8 and dtype.kind in "iu" and not X64.value:
             # Without x64 JAX holds 64-bit integers in 32 bits, and FrozenConst
@@ -117,18 +129,31 @@ def _elements(dtype: np.dtype[Any], allow_nan: bool) -> st.SearchStrategy[Any]:
             # range becomes inf in the cast, with `RuntimeWarning: overflow
             # encountered in cast` at the first device use, an error under
             # `filterwarnings = error`. Draw (each part) within the range.
-            part = _floats_within(float(np.finfo(np.float32).max), allow_nan)
+            part = _floats_within(float(np.finfo(np.float32).max), allow_nan, allow_subnormal)
             return part if dtype.kind == "f" else st.builds(complex, part, part)
-        return hnp.from_dtype(dtype, allow_nan=allow_nan, allow_infinity=allow_nan)
+        if dtype.kind in "fc":
+            # XLA on CPU flushes subnormals to zero (`FrozenConst(4.16e-43) + 0` is 0):
+            # none unless asked for.
+            return hnp.from_dtype(
+                dtype, allow_nan=allow_nan, allow_infinity=allow_nan, allow_subnormal=allow_subnormal
+            )
+        return hnp.from_dtype(dtype)
     # ml_dtypes types: draw in a wider NumPy type, then round into the narrow one.
     try:
         info: Any = _iinfo(dtype)
         return st.integers(int(info.min), int(info.max))
     except (ValueError, TypeError):
         finfo = _finfo(dtype)
-        return st.floats(
+        floats = st.floats(
             float(finfo.min), float(finfo.max), allow_nan=False, allow_infinity=False, width=32
-        ) | (st.just(float("nan")) if allow_nan else st.nothing())
+        )
+        step, tiny = float(finfo.smallest_subnormal), float(finfo.tiny)
+        if not allow_subnormal:
+            floats = floats.filter(_not_subnormal_in(dtype))
+        elif step < tiny:  # the narrow type's subnormals, which float32 draws seldom reach
+            below = round(tiny / step)
+            floats |= st.integers(1 - below, below - 1).map(lambda k: k * step)
+        return floats | (st.just(float("nan")) if allow_nan else st.nothing())
 
 
 def frozen_consts(
@@ -137,6 +162,7 @@ def frozen_consts(
     *,
     elements: st.SearchStrategy[Any] | None = None,
     allow_nan: bool = False,
+    allow_subnormal: bool = False,
     max_dims: int = 3,
     max_side: int = 5,
 ) -> st.SearchStrategy[FrozenConst]:
@@ -152,8 +178,13 @@ def frozen_consts(
         elements: a strategy for the values. Default: every finite value of the
             dtype that JAX computes with under the x64 setting of the draw
             (`x.dtype`: without x64, float64 data within float32's range and
-            int64 data within int32's), NaN and infinities too if `allow_nan`.
+            int64 data within int32's) except subnormal floats, NaN and
+            infinities too if `allow_nan`, subnormals too if `allow_subnormal`.
         allow_nan: whether the default elements include NaN and infinities.
+        allow_subnormal: whether the default elements include subnormal floats
+            (of the dtype JAX computes with). Off by default: XLA on CPU flushes
+            them to zero (`FrozenConst(4.16e-43) + 0` is `0.0`), so a property
+            compared with NumPy fails on them. hypothesis's own parameter name.
         max_dims: the most dimensions of a default shape.
         max_side: the longest side of a default shape.
 
@@ -180,7 +211,7 @@ def frozen_consts(
         dt = np.dtype(draw(dtypes))
         sh = draw(shapes)
         native = _is_numpy_builtin(dt)
-        values = elements if elements is not None else _elements(dt, allow_nan)
+        values = elements if elements is not None else _elements(dt, allow_nan, allow_subnormal)
         drawn_dtype = dt if native else (np.int64 if _is_integer(dt) else np.float32)
         data = draw(hnp.arrays(drawn_dtype, sh, elements=values))
         # `dtype=`: the drawn dtype on the host, float64 too without x64 (where `FrozenConst(data)`

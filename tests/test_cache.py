@@ -2,16 +2,20 @@
 
 import gc
 import threading
+import weakref
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import enable_x64, live_copies, requires_cpu, unique_data
+from helpers import FOREIGN_EMBEDDING_EXPECTED, enable_x64, live_copies, requires_cpu, unique_data
 
 import frozenconst
 from frozenconst import FrozenConst, FrozenConstWarning
 from frozenconst._dtypes import SUPPORTED_DTYPES, follows_x64, supported
+
+# jax.jit is the reference here: its programs embed the constants they close over, as documented.
+pytestmark = FOREIGN_EMBEDDING_EXPECTED
 
 
 @pytest.mark.host_memory
@@ -237,3 +241,23 @@ def test_evicting_the_default_devices_placement_drops_the_default_buffer_too():
     new = jnp.asarray(x)
     assert x.stats().transfers == before + 1 and live_copies(data) == 1
     np.testing.assert_array_equal(np.asarray(new), data)
+
+
+def test_buffers_made_again_and_again_keep_no_entry_for_the_old_ones():
+    # The table from a device buffer to its constant kept an entry for every buffer a constant
+    # ever had, while the constant lived: one per eviction or deletion (about 0.7 KiB a donated
+    # step, issue #37). Observed as the weak references to the constant's store.
+    x = FrozenConst(unique_data((4, 4)))
+    device = jax.devices()[0]
+    counts = []
+    for _ in range(5):
+        jnp.asarray(x).block_until_ready()
+        x.on(device)
+        counts.append(weakref.getweakrefcount(x._store))
+        x.evict()
+    for _ in range(5):
+        with pytest.warns(frozenconst.FrozenConstWarning, match="was deleted"):
+            jnp.asarray(x).delete()
+            jnp.asarray(x).block_until_ready()  # made again
+        counts.append(weakref.getweakrefcount(x._store))
+    assert len(set(counts[:5])) == 1 and len(set(counts[5:])) == 1, counts  # (two placements, then one)

@@ -4,7 +4,7 @@ Every case runs from a directory holding a small model module: in this process
 (`main(argv)`, stderr captured), and one case per exit code, `--help` and
 `--traceback` again as the command line in a subprocess (two at a time). The
 exit codes are `EXIT_CODES` in frozenconst/__main__.py, documented in `--help`
-and docs/memory.md.
+and docs/tools.md.
 """
 
 import concurrent.futures
@@ -183,7 +183,7 @@ def test_every_exit_code_is_exercised_and_documented(results):
     helped = results["help"].stdout
     for code, what in EXIT_CODES.items():
         assert f"  {code}  {what.split()[0]}" in helped, helped
-    docs = (ROOT / "docs" / "memory.md").read_text(encoding="utf-8")
+    docs = (ROOT / "docs" / "tools.md").read_text(encoding="utf-8")
     for code in EXIT_CODES:
         assert f"| {code} |" in docs
 

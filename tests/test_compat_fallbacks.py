@@ -37,6 +37,7 @@ from hypothesis import strategies as st
 
 import frozenconst
 from frozenconst import FrozenConst, FrozenConstWarning, _cache, _compat, _groups, _hoisting, _host, _targets
+from frozenconst._refusals import JAX_LAX_REFUSES
 
 
 @pytest.fixture(autouse=True)
@@ -320,16 +321,22 @@ def _jax_at_least(major, minor):
     return tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (major, minor)
 
 
-def test_a_frozenconsts_type_is_registered_where_lax_still_refuses_it():
-    # Found on jax 0.10.2 and 0.12.0.1, where `Primitive.bind` refuses `__jax_array__`
-    # objects before asking their type; not on 0.6.2 and 0.9.2 (see `_compat`).
+def test_a_frozenconsts_type_is_registered_where_bind_converts_operands_first():
+    # Found on jax 0.10.2 and 0.12.0.1, where `Primitive.bind` converts each operand
+    # (`dtypes.canonicalize_value`, refusing unregistered `__jax_array__` objects) before
+    # asking its type; not on 0.6.2 and 0.9.2 (see `_compat`).
     assert (_compat._aval_table is not None) is _jax_at_least(0, 10)
     assert (_compat._find_aval_table() is not None) is _jax_at_least(0, 10)
     x = FrozenConst(np.arange(3.0, dtype=np.float32))
     if _compat._aval_table is not None:
+        # Registered in both tables: JAX's type of it, and `jax.lax` takes it, as `jnp` does.
         assert jax.typeof(x) == jax.typeof(jnp.asarray(x))
-    with pytest.raises((ValueError, TypeError, DeprecationWarning), match="__jax_array__"):
-        jax.lax.neg(x)  # registered or not, jax.lax refuses it (JEP 28661)
+        np.testing.assert_array_equal(np.asarray(jax.lax.neg(x)), -np.arange(3.0, dtype=np.float32))
+        assert jax.__version__ not in JAX_LAX_REFUSES
+    else:  # the fallback: jax.lax refuses it (JEP 28661), as the table of versions says
+        assert jax.__version__ in JAX_LAX_REFUSES
+        with pytest.raises((ValueError, TypeError, DeprecationWarning), match="__jax_array__"):
+            jax.lax.neg(x)
 
 
 def _bind(body):

@@ -11,11 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from composition_cases import *  # noqa: F403 - the cases, run here on this process's devices
-from helpers import run_bounded, subprocess_env, unique_data
+from helpers import FOREIGN_EMBEDDING_EXPECTED, run_bounded, subprocess_env, unique_data
 from jax import export  # a submodule: not an attribute of `jax` before it is imported (jax 0.6.2)
 
 import frozenconst
 from frozenconst import FrozenConst
+
+# jax.jit is the reference here: its programs embed the constants they close over, as documented.
+pytestmark = FOREIGN_EMBEDDING_EXPECTED
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -92,6 +95,7 @@ def test_a_returned_constant_inside_nested_containers_and_beside_a_derived_one()
 _EXPORTED_RUNNER = """
 import json, sys, numpy as np, jax, jax.numpy as jnp
 from jax import export
+
 exported = export.deserialize(bytearray(open(sys.argv[1], "rb").read()))
 print(json.dumps(np.asarray(exported.call(jnp.ones(256, jnp.float32))).tolist()))
 """

@@ -36,6 +36,7 @@ _CPU_SUBPROCESSES = {
     "multidevice_cases.py": ("file", "test_multidevice.py"),
     "bigger_than_host_worker.py": ("file", "test_bigger_than_host.py"),
     "memory_churn_worker.py": ("file", "test_lifetimes.py"),
+    "donation_loop_worker.py": ("file", "test_lifetimes.py"),
     "composition_cases.py": ("module level", "test_composition.py"),
 }
 # Scripts held in module-level strings and run in CPU subprocesses: (module, name).

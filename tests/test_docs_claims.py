@@ -72,7 +72,7 @@ def test_the_comparison_quoted_is_the_latest_runs():
     rows = {r["quantity"]: r for r in compare["rows"]}
     gated = [r["change"] for r in rows.values() if r["gated"]]
     control = [r["change"] for r in rows.values() if not r["gated"]]
-    text = _text("docs/performance.md")
+    text = _text("docs/design/benchmarks.md")
     assert all(r["within"] for r in rows.values() if r["gated"])
     assert f"against `{compare['base_rev']}`, the commit before them: {compare['pairs']} pairs" in text
     assert f"(changes {min(gated):.3f} to {max(gated):.3f}; the control" in text
@@ -96,7 +96,7 @@ def test_the_sha256_speed_is_the_latest_runs():
     (sha,) = [
         r["gbs"] for r in _results("performance-results.json")["fingerprint"] if r["what"] == "hashlib.sha256"
     ]
-    assert f"`hashlib.sha256` with the CPU's SHA instructions, {sha:.1f} GB/s" in _text("docs/memory.md")
+    assert f"`hashlib.sha256` with the CPU's SHA instructions, {sha:.1f} GB/s" in _text("docs/performance.md")
 
 
 def test_the_disk_peaks_are_the_latest_runs():
@@ -120,20 +120,28 @@ def test_the_whisper_figures_are_the_static_slices_runs():
         (r["pipeline"], r["variant"]): r["hlo_bytes"] for r in _results("static-slices-results.json")["rows"]
     }
     ours, jitted, numpy = (rows[("default", v)] for v in ("frozenconst.jit", "FrozenConst", "numpy"))
-    text = _text("docs/jit.md")
+    run = _results("static-slices-results.json")["environment"]["frozenconst"].split(" at ")[1]
+    text = _text("docs/performance.md")
+    assert f"at commit `{run}`:" in text  # the run's own commit, quoted with its figures
     assert (
         f"{ours / 1e3:.1f} KB under `frozenconst.jit`, against {jitted / 1e3:.0f} KB under `jax.jit` "
         f"({jitted / numpy:.1f}x) and {numpy / 1e3:.1f} KB for the NumPy original" in text
     )
 
 
-def test_the_readme_alternatives_are_the_sweeps_figures():
+def test_the_alternatives_are_the_sweeps_figures():
+    # The measured alternatives are docs/performance.md's (moved from the README, which cites
+    # one figure: the 40-layer program's size, checked below).
     rows = _results("benchmark-results.json")["rows"]
     at = {(r["pipeline"], r["variant"]): r for r in rows if (r["layers"], r["mib"]) == (40, 4.0)}
     base = {p: at[(p, "argument")]["hlo_bytes"] for p in ("default", "simplified")}
     embedded = at[("default", "numpy-closure")]["hlo_bytes"] / base["default"]
     passed = at[("simplified", "jnp.array-closure")]["hlo_bytes"] / base["simplified"]
-    text = _text("README.md")
+    program = at[("default", "numpy-closure")]["hlo_bytes"] / 1e6
+    for page in ("README.md", "README-pypi.md", "docs/performance.md"):
+        assert f"{program:.1f} MB of program text" in _text(page), page
+    assert f"The {embedded:.0f}x is for that program" in _text("docs/performance.md")
+    text = _text("docs/performance.md")
     assert f"embedded: {embedded:.0f}x the HLO, 0 device buffers" in text
     assert f"one device copy per use: {at[('simplified', 'numpy-closure')]['live_copies']} copies" in text
     assert f"1 buffer, {passed:.2f}x the HLO: **the same program and copies as `frozenconst.jit`**" in text

@@ -8,7 +8,9 @@ inside them. A plain `jax.jit` closure is JAX's own: it captured the buffer, and
 under the simplified pipeline JAX refuses it once deleted (docs/training.md).
 """
 
+import threading
 import warnings
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +27,7 @@ def _donate(state):
     with warnings.catch_warnings():
         # The CPU backend may not reuse the memory ("Some donated buffers were not usable").
         warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-        warnings.filterwarnings("ignore", "A FrozenConst now holds", FrozenConstWarning)  # the output
+        warnings.filterwarnings("ignore", ".*put a copy of FrozenConst", FrozenConstWarning)  # the output
         out = jax.jit(lambda s: {"t": s["t"] * 2, "w": s["w"] + 1}, donate_argnums=0)(state)
     jax.block_until_ready(out)
     return out
@@ -123,3 +125,83 @@ def test_a_training_step_that_donates_its_state_leaves_the_model_constant_workin
     w = np.asarray(state["w"])
     assert_float32_close(out, on_device(data) @ np.ones(8) * w, np.abs(data) @ np.ones(8) * np.abs(w))
     np.testing.assert_array_equal(np.asarray(table), data)
+
+
+def test_a_constant_donated_every_step_costs_one_retrace_of_its_functions_and_nothing_else():
+    # Issue #37: each deletion renewed the trace contexts of every frozenconst.jit trace, and the
+    # function that captured the constant retraced at every step (148-211 ms and 179-221 KiB a
+    # step under the simplified pipeline). Now the functions that captured it trace again once,
+    # taking it as a parameter from then on; nothing else traces again.
+    data = unique_data((4, 4))  # small: captured by both pipelines, as jax.jit captures it
+    x, other = FrozenConst(data), FrozenConst(unique_data((4, 4)))
+    traces = {"g": 0, "inner": 0, "bystander": 0}
+
+    def count(name):
+        traces[name] += 1
+
+    @jax.jit
+    def inner(v):  # long-lived, as a library's jitted function is; it never meets `x`
+        count("inner")
+        return v * 2
+
+    @frozenconst.jit
+    def g(v):
+        count("g")
+        return v + x
+
+    def bystander(v):
+        count("bystander")
+        return inner(v) + other
+
+    v = jnp.ones((4, 4))
+    refs = []  # weak references to the constant's store: what keeps an entry per buffer ever made
+    for step in range(6):
+        refs.append(weakref.getweakrefcount(x._store))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The device buffer of FrozenConst", FrozenConstWarning)
+            _donate({"t": x, "w": jnp.zeros(3)})
+            np.testing.assert_allclose(np.asarray(g(v)), data + 1, rtol=1e-6)
+        # A function made afresh each step, as in a loop that builds its step function: it traces,
+        # and the inner function traced by the first one is JAX's cache hit (the same trace context).
+        out = frozenconst.jit(bystander)(v)
+        np.testing.assert_allclose(np.asarray(out), 2 + np.asarray(other), rtol=1e-6)
+        assert traces["bystander"] == step + 1
+    assert traces["inner"] == 1, traces
+    # The first trace, then one after the first donation that met it deleted, and its redo with
+    # the constant as a parameter: never again.
+    assert traces["g"] <= 3, traces
+    # The buffers made again hold no more than the first (the table of buffers' owners kept an
+    # entry for every buffer ever made: about 0.7 KiB a step, issue #37).
+    assert refs[-1] <= refs[2], refs
+
+
+@pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+@pytest.mark.filterwarnings("ignore::frozenconst.FrozenConstWarning")  # each donation is said once
+def test_two_threads_donating_the_constant_to_a_donating_step_never_see_its_buffer_deleted():
+    # Issue #37: 17-32 of 1,000 calls raised "Buffer has been deleted or donated" from
+    # frozenconst's own code: a copy made of a buffer the other thread had just donated, a
+    # refeed that gave up, the call made again. Each use of a constant gets a buffer made for
+    # it; a call refused for one that another thread donated since is fed afresh and made again.
+    data = unique_data((64, 64))
+    x = FrozenConst(data)
+    step = frozenconst.jit(lambda s: {"w": s["w"] + jnp.sum(x), "t": s["t"] * 1}, donate_argnums=0)
+    expected = float(np.sum(on_device(data)))
+    failures, results = [], []
+
+    def worker():
+        for _ in range(300):
+            try:
+                out = step({"w": jnp.zeros(()), "t": x})
+                results.append((float(out["w"]), np.array_equal(np.asarray(out["t"]), data)))
+            except Exception as err:  # the defect: any error at all
+                failures.append(repr(err))
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == [], (len(failures), failures[:3])
+    assert len(results) == 600
+    assert all(same for _, same in results)
+    np.testing.assert_allclose([w for w, _ in results], expected, rtol=1e-5)

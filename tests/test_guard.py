@@ -5,6 +5,8 @@ JAX constant pipeline (`helpers.SIMPLIFIED`); every case here holds in both.
 """
 
 import pathlib
+import subprocess
+import sys
 import threading
 import types
 import warnings
@@ -13,19 +15,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import SIMPLIFIED, unique_data
+from helpers import FOREIGN_EMBEDDING_EXPECTED, SIMPLIFIED, subprocess_env, unique_data
 
 import frozenconst
-from frozenconst import FrozenConst, _compat
+from frozenconst import FrozenConst, _compat, _guard, _lowering
+
+# jax.jit is the reference here: its programs embed the constants they close over, as documented.
+pytestmark = FOREIGN_EMBEDDING_EXPECTED
 
 PACKAGE = pathlib.Path(frozenconst.__file__).resolve().parent
 KIB8 = (32, 64)  # float32: 8 KiB
 
 
-def _hooked():
-    assert _compat.LOWERING_HOOK is not None
-    module, name = _compat.LOWERING_HOOK
-    return getattr(module, name)
+def _observing():
+    """Whether the guard is among the observers of JAX's lowering (`_lowering`)."""
+    return _guard._observe_open in _lowering._observers
 
 
 def _offending_lines(error):
@@ -130,19 +134,22 @@ def test_frozenconsts_jax_arrays_and_numpy_up_to_the_limit_pass():
 
 
 @pytest.mark.usefixtures("needs_raw_numpy_lowering")
-def test_jax_is_restored_after_the_block_an_error_inside_and_a_failing_guard():
-    original = _hooked()
+def test_the_guard_stops_observing_after_the_block_an_error_inside_and_a_failing_guard():
+    assert not _observing()
     with frozenconst.no_numpy_constants():
-        assert _hooked() is not original
-    assert _hooked() is original
+        assert _observing()
+        with frozenconst.no_numpy_constants():  # nested: one observer for both
+            assert _lowering._observers.count(_guard._observe_open) == 1
+        assert _observing()
+    assert not _observing()
     with pytest.raises(ZeroDivisionError), frozenconst.no_numpy_constants():
-        assert _hooked() is not original
+        assert _observing()
         _ = 1 / 0
-    assert _hooked() is original
+    assert not _observing()
     raw = unique_data(KIB8)
     with pytest.raises(frozenconst.CapturedNumpyConstantError), frozenconst.no_numpy_constants():
         jax.jit(lambda w: raw @ w)(jnp.ones(64))
-    assert _hooked() is original
+    assert not _observing()
 
 
 @pytest.mark.usefixtures("needs_raw_numpy_lowering")
@@ -155,7 +162,7 @@ def test_an_error_inside_the_block_is_not_replaced_by_the_guard():
 
 @pytest.mark.usefixtures("needs_raw_numpy_lowering")
 def test_nested_guards_each_apply_their_own_limit():
-    original = _hooked()
+    assert not _observing()
     raw_a, raw_b = unique_data(KIB8), unique_data((16, 64))  # 8 KiB, 4 KiB
     with (
         pytest.raises(frozenconst.CapturedNumpyConstantError) as info,
@@ -163,11 +170,11 @@ def test_nested_guards_each_apply_their_own_limit():
     ):
         with frozenconst.no_numpy_constants(max_bytes=1 << 20):
             jax.jit(lambda w: raw_a @ w)(jnp.ones(64))  # allowed by the inner guard
-        assert _hooked() is not original  # the outer guard still sees
+        assert _observing()  # the outer guard still sees
         jax.jit(lambda w: raw_b @ w)(jnp.ones(64))
     lines = _offending_lines(info.value)
     assert len(lines) == 2 and "float32[32,64]" in lines[0] and "float32[16,64]" in lines[1]
-    assert _hooked() is original
+    assert not _observing()
 
     with (
         pytest.raises(frozenconst.CapturedNumpyConstantError, match=r"1 raw NumPy constant"),
@@ -175,12 +182,12 @@ def test_nested_guards_each_apply_their_own_limit():
         frozenconst.no_numpy_constants(max_bytes=1024),
     ):
         jax.jit(lambda w: unique_data(KIB8) @ w)(jnp.ones(64))
-    assert _hooked() is original
+    assert not _observing()
 
 
 @pytest.mark.usefixtures("needs_raw_numpy_lowering")
 def test_guards_in_many_threads_and_compilations_in_other_threads():
-    original = _hooked()
+    assert not _observing()
     errors: list[BaseException | None] = [None] * 8
     start = threading.Barrier(len(errors))
 
@@ -199,7 +206,7 @@ def test_guards_in_many_threads_and_compilations_in_other_threads():
     for t in threads:
         t.join()
     assert all(isinstance(e, frozenconst.CapturedNumpyConstantError) for e in errors), errors
-    assert _hooked() is original
+    assert not _observing()
 
     raw = unique_data(KIB8)  # compiled by a thread the block starts
     with pytest.raises(frozenconst.CapturedNumpyConstantError), frozenconst.no_numpy_constants():
@@ -213,7 +220,8 @@ def test_guards_in_many_threads_and_compilations_in_other_threads():
 )
 @pytest.mark.usefixtures("needs_raw_numpy_lowering")
 def test_without_a_hook_the_guard_warns_that_it_checks_nothing(monkeypatch, hook):
-    original = _hooked()
+    # A JAX without the lowering function: nothing was installed at import.
+    monkeypatch.setattr(_lowering, "_installed", False)
     monkeypatch.setattr(_compat, "LOWERING_HOOK", hook)
     raw = unique_data(KIB8)
     with (
@@ -221,8 +229,7 @@ def test_without_a_hook_the_guard_warns_that_it_checks_nothing(monkeypatch, hook
         frozenconst.no_numpy_constants(),
     ):
         jax.jit(lambda w: raw @ w)(jnp.ones(64))
-    monkeypatch.undo()
-    assert _hooked() is original
+    assert not _observing()
 
 
 @pytest.mark.usefixtures("needs_raw_numpy_lowering")
@@ -243,3 +250,56 @@ def test_no_regular_expression_over_jax_messages():
         assert "Closed-over constant" not in text and "captured during lowering" not in text, path
         if path.name != "__main__.py":  # parses the command line's DTYPE[DIMS] shapes
             assert "import re\n" not in text, path
+
+
+_FAILING_SAMPLE = """
+import jax, jax.numpy as jnp, numpy as np
+
+
+TABLE = np.ones((64, 64), np.float32)
+
+
+def test_embeds(no_numpy_constants):
+    w = jnp.ones(64)
+    jax.jit(lambda v: TABLE @ v)(w)
+
+
+def test_fails_itself(no_numpy_constants):
+    jax.jit(lambda v: TABLE @ v + 1)(jnp.ones(64))
+    assert 1 == 2
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.usefixtures("needs_raw_numpy_lowering")
+def test_the_fixtures_report_is_the_tests_own_line_and_the_message(tmp_path):
+    # The report a user reads: the test's line that compiled the program, and the guard's
+    # message, without frozenconst's source (101 lines of it before, the guard's docstring
+    # included, and never the test's line).
+    (tmp_path / "test_sample.py").write_text(_FAILING_SAMPLE)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_sample.py"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert "2 failed" in out.stdout, out.stdout[-3000:]
+    report = out.stdout.split(" FAILURES ")[1].split(" short test summary info ")[0]
+    embeds, fails_itself = report.split(" test_fails_itself ")
+    lines = [line for line in embeds.splitlines() if line.strip() and not line.startswith("_")]
+    assert len(lines) <= 8, embeds
+    assert ">       jax.jit(lambda v: TABLE @ v)(w)" in embeds
+    assert "E       frozenconst.CapturedNumpyConstantError: 1 raw NumPy constant(s) captured" in embeds
+    assert "numpy float32[64,64] (16384 bytes) at " in embeds and "wrap it once" in embeds
+    line = _FAILING_SAMPLE.splitlines().index("    jax.jit(lambda v: TABLE @ v)(w)") + 1
+    assert f"test_sample.py:{line}: CapturedNumpyConstantError" in embeds
+    for library in ("_guard.py", "_frozenconst_pytestplugin.py", "contextlib", "pluggy", "__exit__"):
+        assert library not in report, library
+    # A test that fails on its own shows its own error; what the guard found is a note on it.
+    line = _FAILING_SAMPLE.splitlines().index("    assert 1 == 2") + 1
+    assert (
+        ">       assert 1 == 2" in fails_itself and f"test_sample.py:{line}: AssertionError" in fails_itself
+    )
+    assert "E       frozenconst.no_numpy_constants also found 1 raw NumPy constant(s)" in fails_itself

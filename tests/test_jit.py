@@ -6,10 +6,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import SIMPLIFIED, assert_float32_close, live_copies, on_device, unique_data
+from helpers import (
+    FOREIGN_EMBEDDING_EXPECTED,
+    SIMPLIFIED,
+    assert_float32_close,
+    live_copies,
+    on_device,
+    unique_data,
+)
 
 import frozenconst
 from frozenconst import FrozenConst
+
+# jax.jit is the reference here: its programs embed the constants they close over, as documented.
+pytestmark = FOREIGN_EMBEDDING_EXPECTED
 
 GLOBAL_TABLE = FrozenConst(np.random.default_rng(7).standard_normal((256, 64)).astype(np.float32))
 
@@ -119,6 +129,39 @@ def test_nested_jax_jit_traced_before_is_hoisted_too():
     assert len(outer.lower(jnp.ones(128)).as_text()) * 4 < c.nbytes  # no 64 KiB of data (about 4x as text)
     ones = np.ones(128, np.float32)
     assert_float32_close(outer(jnp.ones(128)), on_device(c) @ ones + 1, np.abs(np.asarray(c)) @ ones + 1)
+
+
+@pytest.mark.parametrize("embed_max_bytes", [0, 1 << 30], ids=["parameter", "captured"])
+def test_a_users_error_from_a_nested_frozenconst_jit_is_raised_as_under_jax_jit(embed_max_bytes):
+    # Issue #37: frozenconst.jit asked whether the arrays it fed were deleted (a donated buffer
+    # refuses a call with a RuntimeError or ValueError), and inside another trace they were that
+    # trace's values: the user's ValueError became a ConcretizationTypeError.
+    c = FrozenConst(unique_data((256, 8)))
+
+    def layer(x):
+        if x.shape[-1] != 8:
+            raise ValueError(f"expected 8 features, got {x.shape[-1]}")
+        return c @ x
+
+    for wrap in (jax.jit, functools.partial(frozenconst.jit, embed_max_bytes=embed_max_bytes)):
+        inner = wrap(layer)
+        outer = wrap(lambda x, inner=inner: inner(x) * 2)
+        for f in (inner, outer):
+            with pytest.raises(ValueError, match="expected 8 features, got 5") as raised:
+                f(jnp.ones(5))
+            assert type(raised.value) is ValueError
+            assert raised.value.__cause__ is None and raised.value.__context__ is None
+
+
+def test_a_generator_function_is_refused_when_wrapped_as_jax_jit_refuses_it():
+    def steps(x):
+        yield x + 1
+
+    with pytest.raises(TypeError, match="generator function"):
+        jax.jit(steps)
+    for wrap in (frozenconst.jit, frozenconst.filter_jit, frozenconst.jit()):
+        with pytest.raises(frozenconst.FrozenConstTypeError, match=r"generator function `.*steps`"):
+            wrap(steps)
 
 
 def test_inner_functions_traced_under_frozenconst_jit_never_leak_tracers():

@@ -72,11 +72,39 @@ def test_make_test_runs_every_environment_under_each_of_its_pipelines():
     ), passes
 
 
-def test_make_test_runs_the_doctests_under_both_pipelines_and_every_check():
+def _doctest_passes(lines):
+    """(environment, pipeline) of every doctest pass: the docs', the README's, the docstrings'."""
+    passes = []
+    for line in lines:
+        if "--doctest-glob='*.md'" in line:
+            env = line.split("/bin/python -S ")[0].rsplit("/", 1)[1]
+            passes.append(
+                (env, "simplified" if SIMPLIFIED in line else "default" if DEFAULT in line else "?")
+            )
+    return passes
+
+
+def test_make_test_runs_the_doctests_from_the_wheel_in_every_environment_under_each_pipeline():
+    # Every example of README.md, docs/ and the docstrings, as a pip user runs it: the
+    # wheel installed (not the checkout), run from outside the checkout, on every JAX the
+    # suite runs, under each of its pipelines.
     lines = _dry_run("test")
-    doctests = [line for line in lines if "--doctest-glob='*.md' docs README.md" in line]
-    assert len(doctests) == 2 and {line.split(" .venv")[0] for line in doctests} == {DEFAULT, SIMPLIFIED}
-    assert all("--doctest-modules frozenconst" in line for line in doctests)
+    assert sorted(_doctest_passes(lines)) == sorted(
+        (env, pipeline) for env, pipeline, _ in _suite_passes(lines)
+    ), _doctest_passes(lines)
+    doctests = [line for line in lines if "--doctest-glob='*.md'" in line]
+    for line in doctests:
+        assert line.startswith("cd .docs-wheel && "), line  # outside the checkout
+        assert f"--doctest-glob='*.md' {ROOT}/docs {ROOT}/README.md" in line, line
+        assert line.endswith("--doctest-modules --pyargs frozenconst"), line  # the wheel's docstrings
+        # -S: none of the environment's .pth files, the editable install's path to the checkout
+        # among them; the wheel first on the path, then the environment's packages.
+        assert "/bin/python -S -m pytest " in line and f"PYTHONPATH={ROOT}/.docs-wheel:" in line, line
+    built = next(i for i, line in enumerate(lines) if "-m build --wheel --outdir .docs-wheel/.build" in line)
+    installed = next(
+        i for i, line in enumerate(lines) if "--no-deps --target .docs-wheel .docs-wheel/.build/" in line
+    )
+    assert built < installed < min(lines.index(line) for line in doctests)
     for check in ("ruff check", "ruff format --check", "mypy frozenconst", "mypy benchmarks", "pyright"):
         assert any(check in line for line in lines), check
     assert any("mkdocs build --strict" in line for line in lines)
@@ -141,7 +169,7 @@ def test_the_suite_compiles_at_xla_optimisation_level_0_the_doctests_as_users_do
     assert len(suite) == 9, suite  # test-fast, seven passes, the wheel's
     assert all(quick in line for line in suite), suite
     doctests = [line for line in lines if "--doctest-modules" in line]
-    assert len(doctests) == 2 and not any("XLA_FLAGS" in line for line in doctests), doctests
+    assert len(doctests) == 7 and not any("XLA_FLAGS" in line for line in doctests), doctests
 
 
 def test_markers_that_leave_tests_out_are_declared():

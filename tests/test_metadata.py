@@ -1,6 +1,6 @@
 """The attributes JAX reads off its inputs, and the metadata of what it returns for a FrozenConst.
 
-docs/jax.md, "Attributes JAX reads off its inputs", is the decision table; the
+docs/design/jax.md, "Attributes JAX reads off its inputs", is the decision table; the
 tests below check its answers and that it covers every read of the installed JAX.
 """
 
@@ -136,8 +136,8 @@ def test_like_results_mix_with_arrays_on_another_device():
 
 
 def _documented():
-    """{name: "forwarded" | "own" | "refused"} from the table in docs/jax.md."""
-    text = (ROOT / "docs" / "jax.md").read_text(encoding="utf-8")
+    """{name: "forwarded" | "own" | "refused"} from the table in docs/design/jax.md."""
+    text = (ROOT / "docs" / "design" / "jax.md").read_text(encoding="utf-8")
     section = text.split("## Attributes JAX reads off its inputs", 1)[1].split("\n## ", 1)[0]
     answers = {}
     for row in section.splitlines():
@@ -215,7 +215,7 @@ def test_every_attribute_jax_reads_is_decided():
     undecided = sorted(_names_jax_reads() - decided)
     assert not undecided, (
         f"jax {jax.__version__} reads {undecided} with getattr/hasattr: decide what a FrozenConst "
-        "answers (docs/jax.md, 'Attributes JAX reads off its inputs') or list them as read off "
+        "answers (docs/design/jax.md, 'Attributes JAX reads off its inputs') or list them as read off "
         "JAX's own objects"
     )
 

@@ -32,7 +32,7 @@ from jax.typing import ArrayLike, DTypeLike
 
 import frozenconst
 from frozenconst import FrozenConst
-from frozenconst._audit import JAX_NUMPY_REFUSALS
+from frozenconst._refusals import JAX_NUMPY_REFUSALS
 
 # -- example data: small, so that each call costs little --------------------------
 

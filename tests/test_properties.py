@@ -1,6 +1,7 @@
 """Property tests over every JAX dtype, shapes (0-d and zero-size included) and call forms."""
 
 import pickle
+import warnings
 
 import hypothesis.extra.numpy as hnp
 import jax
@@ -11,6 +12,7 @@ from helpers import enable_x64
 from hypothesis import find, given
 from hypothesis import strategies as st
 
+import frozenconst
 from frozenconst import FrozenConst
 from frozenconst.strategies import frozen_consts, jax_dtypes
 
@@ -135,3 +137,81 @@ def test_zero_size_and_0d(shape):
     assert jnp.asarray(x).shape == shape
     assert np.asarray(x).shape == shape
     assert repr(x).startswith("FrozenConst(")
+
+
+# -- a Python scalar promotes as JAX promotes it (issue #37) -------------------------------------
+# `FrozenConst(0.5) * bf16` was float32 and `FrozenConst(3) + int8` int32, where
+# `jnp.asarray(0.5)` and `jnp.asarray(3)` keep bfloat16 and int8: JAX types a Python scalar
+# weakly. Each call form below combines a constant (`c`) with an array (`y`), and is run twice:
+# on `FrozenConst(s)`, and on `jnp.asarray(s)` in its place.
+
+_OTHER_DTYPES = [
+    np.bool_,
+    np.int8,
+    np.uint8,
+    np.int16,
+    np.int32,
+    jnp.bfloat16,
+    np.float16,
+    np.float32,
+    np.complex64,
+]
+
+
+def _call_forms(c):
+    return {
+        "operator": lambda y: c * y,
+        "reflected operator": lambda y: y - c,
+        "jnp.multiply": lambda y: jnp.multiply(c, y),
+        "jax.jit, an argument": lambda y: jax.jit(lambda c, y: c * y)(c, y),
+        "jax.jit, closed over": lambda y: jax.jit(lambda y: y + c)(y),
+        "frozenconst.jit, an argument": lambda y: frozenconst.jit(lambda c, y: c * y)(c, y),
+        "frozenconst.jit, closed over": lambda y: frozenconst.jit(lambda y: y + c)(y),
+        "frozenconst.jit, a parameter": lambda y: frozenconst.jit(lambda y: c * y, embed_max_bytes=0)(y),
+    }
+
+
+def _outcome(form, y):
+    try:
+        with warnings.catch_warnings():
+            # frozenconst.jit says that it leaves a closed-over jax.Array in the program (the
+            # reference's `embed_max_bytes=0` form); a FrozenConst it keeps out says nothing.
+            warnings.filterwarnings("ignore", "frozenconst.jit: .* closes over a jax.Array")
+            out = form(y)
+    except Exception as err:  # the same error as JAX's, or none
+        return type(err).__name__
+    return (np.dtype(out.dtype), out.weak_type, np.asarray(out).tolist())
+
+
+@given(
+    st.one_of(
+        st.booleans(),
+        st.integers(-300, 300),
+        st.floats(-1e3, 1e3, allow_nan=False, width=32),
+        st.complex_numbers(max_magnitude=1e3, allow_nan=False, allow_infinity=False, width=64),
+    ),
+    st.sampled_from(_OTHER_DTYPES),
+    st.sampled_from(sorted(_call_forms(None))),
+)
+def test_a_python_scalar_promotes_as_jnp_asarray_of_it(scalar, dtype, name):
+    x, a = FrozenConst(scalar), jnp.asarray(scalar)
+    assert (x.dtype, x.weak_type, jnp.asarray(x).weak_type) == (a.dtype, a.weak_type, a.weak_type)
+    y = jnp.asarray(np.arange(1, 4) % 2, dtype=dtype)
+    assert _outcome(_call_forms(x)[name], y) == _outcome(_call_forms(a)[name], y), (scalar, dtype, name)
+
+
+def test_a_python_scalar_stays_weak_where_it_travels_and_strong_with_a_dtype():
+    x = FrozenConst(0.5)
+    assert repr(x) == "FrozenConst(0.5, dtype=float32, weak_type=True)"
+    for again in (FrozenConst(x), pickle.loads(pickle.dumps(x))):
+        assert (again * jnp.ones(2, jnp.bfloat16)).dtype == jnp.bfloat16
+    # A dtype asked for is strong, as in `jnp.asarray(0.5, dtype=jnp.float32)`.
+    for strong in (
+        FrozenConst(0.5, dtype=np.float32),
+        FrozenConst(x, dtype=np.float32),
+        FrozenConst(np.float32(0.5)),
+    ):
+        assert (strong * jnp.ones(2, jnp.bfloat16)).dtype == jnp.float32
+        assert not jnp.asarray(strong).weak_type
+    # Placed on a device: the committed buffer is weak too.
+    assert jnp.asarray(x.placed(jax.devices()[0])).weak_type

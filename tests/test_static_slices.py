@@ -1,10 +1,10 @@
 """A static slice of a large constant under plain `jax.jit` (a Whisper decoder's causal mask).
 
-NumPy slices a NumPy buffer at trace time, so `jax.jit` embeds only the slice;
-a FrozenConst, like a `jax.Array`, is sliced in the program, so under JAX's
-default pipeline the whole table is embedded. docs/jit.md ("Static slices of a
-large table") says which way to write it; `frozenconst.audit` names it. Measured
-by HLO size against the NumPy original.
+NumPy slices a NumPy buffer at trace time, so `jax.jit` embeds only the slice; a
+FrozenConst is sliced from its frozen host data there too (issue #35), so it is
+never worse than the NumPy array it replaced. A `jax.Array` is sliced in the
+program, and under JAX's default pipeline the whole table is embedded:
+`frozenconst.audit` names that. Measured by HLO size against the NumPy original.
 """
 
 import json
@@ -47,21 +47,25 @@ def _hlo_bytes(fn, *args):
 SCORES = jax.ShapeDtypeStruct((1, 2, Q, K), jnp.float32)
 
 
-def test_a_static_slice_embeds_the_whole_table_under_jax_jit_and_what_to_write_instead():
+def test_a_static_slice_under_jax_jit_is_no_bigger_than_numpys():
     mask = _mask()
     x = FrozenConst(mask)
     numpy_original = _hlo_bytes(jax.jit(_decoder(mask)), SCORES)
     as_is = _hlo_bytes(jax.jit(_decoder(x)), SCORES)
-    # The FrozenConst (like a jax.Array) is embedded whole: more than the mask's
-    # 200704 values, where the NumPy original embeds 35.
-    assert as_is > 5 * numpy_original
-    assert as_is > N_CTX * N_CTX
-    assert _hlo_bytes(jax.jit(_decoder(jnp.asarray(mask))), SCORES) == pytest.approx(as_is, rel=0.01)
-    # The two ways docs/jit.md gives: frozenconst.jit (a parameter, nothing embedded),
-    # or the host data sliced at trace time, as NumPy did (a read-only view, no copy).
+    # The FrozenConst's slice is taken from its host data, as NumPy's is: the slice's 35
+    # values embedded, not the mask's 200704. NumPy goes on to compute `(1.0 - mask[...]) *
+    # -1e9` on the host too; the FrozenConst's part is a jax.Array (as it is eagerly), so
+    # the program holds those two operations: the same data, a few hundred bytes of text.
+    assert as_is < numpy_original + 1024
+    same_expression = jax.jit(lambda s: s + x[:, :, :Q, :K])
+    assert _hlo_bytes(same_expression, SCORES) <= _hlo_bytes(
+        jax.jit(lambda s: s + mask[:, :, :Q, :K]), SCORES
+    )
+    assert x.placements == ()  # and no device buffer of the whole mask
+    # A jax.Array is sliced in the program: the whole mask embedded.
+    assert _hlo_bytes(jax.jit(_decoder(jnp.asarray(mask))), SCORES) > max(5 * numpy_original, N_CTX * N_CTX)
+    # Under frozenconst.jit the mask is a parameter: nothing embedded.
     assert _hlo_bytes(frozenconst.jit(_decoder(x)), SCORES) < numpy_original
-    host_view = _hlo_bytes(jax.jit(_decoder(np.asarray(x))), SCORES)
-    assert host_view == numpy_original
     # Same results every way.
     scores = jnp.linspace(-1.0, 1.0, 2 * Q * K).reshape(1, 2, Q, K)
     expected = jax.jit(_decoder(mask))(scores)
@@ -69,17 +73,17 @@ def test_a_static_slice_embeds_the_whole_table_under_jax_jit_and_what_to_write_i
         np.testing.assert_array_equal(fn(scores), expected)
 
 
-def test_audit_names_a_constant_read_only_through_a_static_slice():
-    x = FrozenConst(_mask())
+def test_audit_names_a_jax_array_read_only_through_a_static_slice():
+    x = jnp.asarray(_mask())
     report = frozenconst.audit(jax.jit(_decoder(x)), SCORES)
-    (captured,) = [c for c in report.constants if c.kind == "frozenconst"]
+    (captured,) = [c for c in report.constants if c.kind == "jax"]
     assert captured.nbytes == x.nbytes and captured.sliced_bytes == Q * K * 4
-    (line,) = [line for line in report.lines() if line.startswith("frozenconst")]
-    assert "static slice of 140 B" in line and "`frozenconst.jit`" in line and "np.asarray(x)[...]" in line
     assert report.to_dict()["constants"][0]["sliced_bytes"] == Q * K * 4
-    # The ways docs/jit.md gives leave nothing to say.
-    assert not frozenconst.audit(frozenconst.jit(_decoder(x)), SCORES).lines()
-    assert not frozenconst.audit(jax.jit(_decoder(np.asarray(x))), SCORES).lines()
+    # A FrozenConst read so leaves nothing to say: only its slice is captured, as NumPy's.
+    constant = FrozenConst(_mask())
+    report = frozenconst.audit(jax.jit(_decoder(constant)), SCORES)
+    assert not [c for c in report.constants if c.kind == "frozenconst"] and not report.lines()
+    assert not frozenconst.audit(frozenconst.jit(_decoder(constant)), SCORES).lines()
 
 
 def test_a_constant_read_whole_somewhere_is_not_called_sliced():
@@ -105,7 +109,10 @@ def test_the_whisper_stand_in_behind_the_docs_figures_shows_what_they_say():
     # The boolean mask embedded whole: at least a bit per value, as hex digits in HLO
     # text (jax 0.6.2 packs the bits; 0.10.2 prints a byte per value, 5.2x in all).
     whole_mask = N_CTX * N_CTX // 8 * 2
-    assert hlo["FrozenConst"] == hlo["jax.Array"] >= hlo["frozenconst.jit"] + whole_mask
+    assert hlo["jax.Array"] >= hlo["frozenconst.jit"] + whole_mask
+    # Sliced from the host data, as NumPy's is (issue #35): the same data; NumPy also folds
+    # `(1.0 - mask[...]) * -1e9` on the host, the program holds those few operations.
+    assert hlo["FrozenConst"] < hlo["numpy"] + 1024
     assert hlo["frozenconst.jit"] < hlo["numpy"]
     assert hlo["host slice"] == pytest.approx(hlo["numpy"], rel=0.01)
     # The stamp every results file carries (`benchmarks._harness.environment`).

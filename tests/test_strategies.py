@@ -1,9 +1,9 @@
 """`frozenconst.strategies`' defaults: constants `jax.numpy` computes with; exotic dtypes on request.
 
 docs/testing.md, "What the defaults generate", gives the reasons: XLA's CPU
-backend aborts the process on `x + 0` for an empty float6 array, and a float64
+backend aborts the process on `x + 0` for an empty float6 array, a float64
 value beyond float32's range warns (`overflow encountered in cast`) when JAX
-narrows it without x64.
+narrows it without x64, and XLA on CPU flushes subnormal floats to zero.
 """
 
 import warnings
@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import enable_x64
-from hypothesis import given, settings
+from helpers import enable_x64, requires_cpu
+from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from frozenconst import FrozenConst
@@ -100,3 +100,41 @@ def test_exotic_dtypes_come_when_asked_for():
     exotic = sorted(EXOTIC, key=str)[0]
     assert _drawn(frozen_consts(dtype=exotic), 5) == {exotic}
     assert _drawn(frozen_consts(dtype=jax_dtypes(exotic=True)), 400) & EXOTIC
+
+
+def _subnormal(x):
+    """Whether a constant holds a float (or a complex part) that is subnormal in `x.dtype`."""
+    if not jnp.issubdtype(x.dtype, jnp.inexact):  # ml_dtypes' floats have kind "V"
+        return False
+    tiny = float(ml_dtypes.finfo(x.dtype).tiny)
+    complex_ = jnp.issubdtype(x.dtype, jnp.complexfloating)
+    held = np.asarray(jnp.asarray(x)).astype(np.complex128 if complex_ else np.float64)
+    return any(bool(np.any((np.abs(p) > 0) & (np.abs(p) < tiny))) for p in (held.real, np.imag(held)))
+
+
+@pytest.mark.parametrize("x64", [False, True], ids=["x64-off", "x64-on"])
+@settings(max_examples=150)
+@given(data=st.data())
+def test_no_subnormals_by_default_so_jax_computes_with_the_values_drawn(x64, data):
+    # A property compared with NumPy: `x + 0` is the value drawn, exactly (XLA on CPU would
+    # flush a subnormal to zero). Exotic dtypes too, where a subnormal of theirs is asked for.
+    with enable_x64(x64):
+        x = data.draw(frozen_consts(dtype=jax_dtypes(exotic=data.draw(st.booleans()))), label="x")
+        assert not _subnormal(x), x
+        if np.dtype(x.dtype) in COMPUTABLE and x.size:
+            held = np.asarray(jnp.asarray(x))
+            np.testing.assert_array_equal(np.asarray(x + 0).astype(held.dtype), held)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", "complex64", "complex128"])
+def test_subnormals_come_when_asked_for(dtype):
+    for x64 in (False, True):
+        with enable_x64(x64):
+            found = find(frozen_consts(dtype=dtype, allow_subnormal=True), _subnormal)
+            assert _subnormal(found) and found.size == 1, found
+
+
+def test_why_subnormals_are_left_out_xla_on_cpu_flushes_them():
+    requires_cpu("subnormal flush")
+    x = FrozenConst(np.float32(4.16e-43))  # docs/testing.md's example
+    assert float(np.asarray(x)) == np.float32(4.16e-43) and float(x + 0) == 0.0

@@ -265,3 +265,32 @@ def test_a_user_error_outside_any_trace_keeps_its_traceback():
     )
     assert code == 0, out
     assert "FrozenConstTypeError" in out and PACKAGE in out, out
+
+
+def _branches_on_its_argument(x):  # the user's function: JAX names this file and line
+    if x[0] > 0:
+        return x * TABLE
+    return x
+
+
+TABLE = frozenconst.FrozenConst([1.0, 2.0, 3.0, 4.0])
+
+
+@pytest.mark.parametrize("embed_max_bytes", [0, 1024], ids=["parameter", "captured"])
+def test_a_tracing_error_names_the_users_function_and_line_as_under_jax_jit(embed_max_bytes):
+    # Issue #37: "The error occurred while tracing the function ... at .../frozenconst/_jit.py:344"
+    # (or 374): JAX names the function it traced, which was frozenconst's own.
+    import jax
+    import jax.numpy as jnp
+
+    def said(wrap):
+        with pytest.raises(jax.errors.ConcretizationTypeError) as raised:
+            wrap(_branches_on_its_argument)(jnp.ones(4))
+        return next(line for line in str(raised.value).splitlines() if "while tracing the function" in line)
+
+    line = _branches_on_its_argument.__code__.co_firstlineno
+    theirs = said(jax.jit)
+    assert f"_branches_on_its_argument at {__file__}:{line} " in theirs, theirs
+    assert said(lambda f: frozenconst.jit(f, embed_max_bytes=embed_max_bytes)) == theirs
+    ours = said(frozenconst.filter_jit)  # the same place; the argument as filter_jit passes it
+    assert f"_branches_on_its_argument at {__file__}:{line} " in ours, ours

@@ -1,5 +1,10 @@
 """Constants in models are never trained: equinox, flax NNX, optax; and jaxtyping annotations."""
 
+import pathlib
+import re
+import subprocess
+import sys
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -7,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from helpers import live_copies, unique_data
+from helpers import live_copies, subprocess_env, unique_data
 from hypothesis import given
 from hypothesis import strategies as st
 from jaxtyping import Float, Int, TypeCheckError, jaxtyped
@@ -223,7 +228,7 @@ def test_a_tree_of_gradients_has_the_structure_of_the_model():
     # A transformation gives back a derived value of the same type as the constant
     # (not a subclass: JAX keys pytree nodes by exact type), so the tree maps that
     # optimizers run over parameters and gradients together line up. A constant's
-    # gradient is zero: it is a constant to autodiff (docs/model.md).
+    # gradient is zero: it is a constant to autodiff (docs/design/index.md).
     data = np.arange(3.0, dtype=np.float32)
     model = {"w": jnp.ones(3), "c": FrozenConst(data)}
     with pytest.warns(frozenconst.FrozenConstWarning, match="not the constant's own buffer"):
@@ -342,3 +347,37 @@ def test_combine_inverts_partition(tree):
         frozenconst.is_trainable(leaf)
         for leaf in jax.tree_util.tree_leaves(rest, is_leaf=frozenconst.is_frozen)
     )
+
+
+_COPYING_TEST = """
+import jax, jax.numpy as jnp, numpy as np
+import frozenconst
+
+
+def test_a_copy_of_a_constant():
+    table = frozenconst.FrozenConst(np.ones((4, 4), np.float32))
+    jax.tree.map(jnp.zeros_like, {"table": table})  # an optimizer's init does this
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.pipeline_independent
+def test_the_documented_pytest_configuration_makes_frozenconst_warnings_errors(tmp_path):
+    # docs/testing.md's configuration, as written there, fails a test that copies a constant.
+    docs = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "testing.md").read_text()
+    (config,) = [block for block in re.findall(r"```toml\n(.*?)```", docs, re.S) if "filterwarnings" in block]
+    assert config == '[tool.pytest.ini_options]\nfilterwarnings = ["error::frozenconst.FrozenConstWarning"]\n'
+    (tmp_path / "test_sample.py").write_text(_COPYING_TEST)
+    run = lambda: subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_sample.py"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=240,
+        cwd=tmp_path,
+    )
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    assert "1 passed" in run().stdout  # warned only
+    (tmp_path / "pyproject.toml").write_text(config)
+    failed = run().stdout
+    assert "1 failed" in failed and "FrozenConstWarning" in failed, failed[-3000:]

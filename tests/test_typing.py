@@ -1,7 +1,9 @@
-"""Static typing: the library sample passes both checkers; misuse is caught by both."""
+"""Static typing: the library sample passes both checkers; misuse is caught by both; both reveal
+the wrapped function's types through `frozenconst.jit` and `frozenconst.filter_jit`."""
 
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -19,12 +21,13 @@ def _tool(name):
     return path
 
 
-SAMPLES = [str(TYPING / "library_sample.py"), str(TYPING / "misuse_sample.py")]
+SAMPLES = [str(TYPING / name) for name in ("library_sample.py", "misuse_sample.py", "reveal_sample.py")]
 
 # Each checker runs once over both samples (most of a run is reading JAX's and
 # NumPy's annotations, the same for both), and the tests below split its
 # report by file: the library sample must get no line at all, the misuse
-# sample exactly its marked lines, and no other file an error.
+# sample exactly its marked lines, the reveal sample the types its lines name,
+# and no other file an error.
 
 
 # A static check is the same under both constant pipelines: `make test` runs it
@@ -87,7 +90,7 @@ def _pyright_errors(report):
 def test_library_sample_passes_mypy_strict(mypy_report):
     assert "library_sample.py" not in mypy_report, mypy_report  # not an error, not even a note
     assert {name for name, _ in _mypy_errors(mypy_report)} <= {"misuse_sample.py"}, mypy_report
-    assert "(checked 2 source files)" in mypy_report, mypy_report
+    assert "(checked 3 source files)" in mypy_report, mypy_report
 
 
 @_static_check
@@ -116,6 +119,33 @@ def test_misuse_is_caught_by_mypy(mypy_report):
 def test_misuse_is_caught_by_pyright(pyright_report):
     flagged = {n for name, n in _pyright_errors(pyright_report) if name == "misuse_sample.py"}
     assert flagged == _error_lines(), pyright_report
+
+
+def _expected_reveals():
+    """{line: type} of the reveal sample's `reveal_type` lines, as their comments name it."""
+    lines = (TYPING / "reveal_sample.py").read_text().splitlines()
+    return {i + 1: line.split("# reveals: ")[1] for i, line in enumerate(lines) if "# reveals: " in line}
+
+
+def _short(name):
+    """A revealed type without module paths (`jax._src.basearray.Array` is `Array`); pyright's
+    `Unknown` is mypy's `Any`."""
+    return re.sub(r"\b(?:\w+\.)+(\w)", r"\1", name).replace("Unknown", "Any")
+
+
+@_static_check
+def test_mypy_reveals_the_wrapped_functions_types(mypy_report):
+    found = re.findall(r'reveal_sample\.py:(\d+): note: Revealed type is "(.*)"', mypy_report)
+    assert {int(line): _short(kind) for line, kind in found} == _expected_reveals(), mypy_report
+
+
+@_static_check
+def test_pyright_reveals_the_wrapped_functions_types(pyright_report):
+    found = re.findall(r'reveal_sample\.py:(\d+):\d+ - information: Type of ".*" is "(.*)"', pyright_report)
+    assert {int(line): _short(kind) for line, kind in found} == _expected_reveals(), pyright_report
+    assert not [
+        line for line in pyright_report.splitlines() if "reveal_sample.py:" in line and " - error" in line
+    ]
 
 
 @pytest.mark.subprocess

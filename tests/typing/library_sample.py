@@ -14,6 +14,7 @@ import numpy as np
 from jax.sharding import SingleDeviceSharding
 from jax.typing import ArrayLike
 
+import frozenconst
 from frozenconst import FrozenConst, Placement
 
 
@@ -38,6 +39,39 @@ def takes_array_like(x: ArrayLike) -> jax.Array:
     return jnp.asarray(x) * 2
 
 
+# A library that returns what its compiled functions return: under `mypy --strict` this
+# needs their return type (a plain `jax.jit` function returns `Any`: `no-any-return`).
+@frozenconst.jit
+def _scaled(table: FrozenConst, w: jax.Array, scale: float) -> jax.Array:
+    return (table @ w) * scale
+
+
+@frozenconst.jit(static_argnums=1)
+def _first(w: jax.Array, n: int) -> tuple[jax.Array, int]:
+    return w[:n], n
+
+
+@frozenconst.filter_jit
+def _lookup(model: dict[str, FrozenConst], ids: jax.Array) -> jax.Array:
+    return jnp.take(model["table"], ids, axis=0)
+
+
+def scaled(table: FrozenConst, w: jax.Array) -> jax.Array:
+    out = _scaled(table, w, 2.0)
+    assert_type(out, jax.Array)
+    return out
+
+
+def first(w: jax.Array) -> jax.Array:
+    head, n = _first(w, 2)
+    assert_type(n, int)
+    return head
+
+
+def lookup(table: FrozenConst, ids: jax.Array) -> jax.Array:
+    return _lookup({"table": table}, ids)
+
+
 def make_table() -> FrozenConst:
     return FrozenConst(np.arange(12.0, dtype=np.float32).reshape(4, 3))
 
@@ -60,3 +94,4 @@ if __name__ == "__main__":
     out = project(t, jnp.ones((3, 3), jnp.float32))
     print(out.shape, embed(t, jnp.array([0, 2])).shape, takes_array_like(t).shape)
     inspect_table(t)
+    print(scaled(t, jnp.ones(3)).shape, first(jnp.ones(3)).shape, lookup(t, jnp.array([1])).shape)

@@ -3,9 +3,32 @@
 import jax
 import jax.numpy as jnp
 
+import frozenconst
 from frozenconst import FrozenConst
 
 plain: jax.Array = jnp.ones(3)
 wrong: FrozenConst = plain  # ERROR: a jax.Array is not a FrozenConst
 FrozenConst(jnp.ones(3)).on(3)  # ERROR: not a placement target
 shape: str = FrozenConst(jnp.ones(3)).shape  # ERROR: shape is a tuple
+
+
+@frozenconst.jit
+def step(w: jax.Array, scale: float) -> jax.Array:
+    return w * scale
+
+
+@frozenconst.jit(static_argnums=1)
+def head(w: jax.Array, n: int) -> jax.Array:
+    return w[:n]
+
+
+@frozenconst.filter_jit
+def apply(model: dict[str, FrozenConst], x: jax.Array) -> jax.Array:
+    return model["table"] @ x
+
+
+step(plain, "two")  # ERROR: the wrapped function's parameter types are kept
+step(plain)  # ERROR: and its parameters
+count: int = step(plain, 2.0)  # ERROR: and its return type
+head(plain, "two")  # ERROR: also through the decorator factory
+apply([plain], plain)  # ERROR: and through filter_jit

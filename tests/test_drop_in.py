@@ -1,0 +1,591 @@
+"""A FrozenConst dropped into code under the jit users already use (issue #35).
+
+JAX is the oracle throughout: the size of every program JAX lowers (the data of an
+embedded constant is in its text), `jax.live_arrays()`, and the warnings recorded.
+- Never silently embedded: a `FrozenConstWarning` exactly when JAX copies a FrozenConst
+  above `embed_max_bytes` into a program frozenconst does not compile, once per
+  program and constant, at most 600 characters, naming the constant, the line that
+  used it and the fix for the jit in use.
+- Never worse than the NumPy array it replaced: a static index or slice inside such a
+  trace gives a program no bigger than the same expression on the NumPy array, and
+  no device buffer of the whole constant.
+- Derived copies: one message per line of user code, whatever the number of constants.
+- The linen serialization hook never breaks a step.
+"""
+
+import contextlib
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import raw_numpy_lowers
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import frozenconst
+from frozenconst import FrozenConst, FrozenConstWarning
+from frozenconst._compat import LOWERING_HOOK, SIMPLIFIED_CONSTANTS
+from frozenconst._refusals import JAX_LAX_REFUSES
+
+PIPELINE = "simplified" if SIMPLIFIED_CONSTANTS else "default"
+THRESHOLD = 1024  # `embed_max_bytes`'s default
+
+
+@contextlib.contextmanager
+def lowered_sizes():
+    """The text size of every program JAX lowers inside the block (JAX's own lowering result)."""
+    assert LOWERING_HOOK is not None
+    module, name = LOWERING_HOOK
+    original = getattr(module, name)
+    sizes: list[int] = []
+
+    def lower(*args, **kwargs):
+        result = original(*args, **kwargs)
+        sizes.append(len(str(result.module)))
+        return result
+
+    setattr(module, name, lower)
+    try:
+        yield sizes
+    finally:
+        setattr(module, name, original)
+
+
+@contextlib.contextmanager
+def recorded():
+    """The FrozenConstWarnings raised inside, each shown (no filter hides one)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+    caught[:] = [w for w in caught if issubclass(w.category, FrozenConstWarning)]
+
+
+def table(shape=(64, 64), dtype=np.float32, seed=0):
+    return FrozenConst(np.random.default_rng(seed).standard_normal(shape).astype(dtype))
+
+
+def _pmap(t, v):
+    return jax.pmap(lambda x: t @ x)(v[None])
+
+
+def _export(t, v):
+    import jax.export
+
+    return jax.export.export(jax.jit(lambda v: t @ v))(v)
+
+
+def _eqx(closed):
+    import equinox as eqx
+
+    class Model(eqx.Module):
+        t: FrozenConst
+
+        def __call__(self, v):
+            return self.t @ v
+
+    def run(t, v):
+        model = Model(t)
+        if closed:
+            return eqx.filter_jit(lambda v: model(v))(v)
+        return eqx.filter_jit(lambda m, v: m(v))(model, v)
+
+    return run
+
+
+def _nnx(closed):
+    from flax import nnx
+
+    class Model(nnx.Module):
+        def __init__(self, t):
+            self.t = nnx.data(t)
+
+        def __call__(self, v):
+            return self.t @ v
+
+    def run(t, v):
+        model = Model(t)
+        if closed:
+            return nnx.jit(lambda v: model(v))(v)
+        return nnx.jit(lambda m, v: m(v), donate_argnums=())(model, v)
+
+    return run
+
+
+def _linen(t, v):
+    import flax.linen as nn
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, v):
+            return nn.Dense(3)(t @ v)
+
+    model = Model()
+    params = model.init(jax.random.key(0), v)
+    return jax.jit(model.apply)(params, v)
+
+
+# Each form: the function that runs it, whether JAX embeds the constant under each
+# pipeline (measured on jax 0.6.2, 0.9.2, 0.10.2 and 0.12.0.1: the table keeps the
+# oracle honest), and the jit the warning names.
+FORMS = {
+    "jax.jit closure": (lambda t, v: jax.jit(lambda v: t @ v)(v), {"default"}, "jax.jit"),
+    "jax.jit argument": (lambda t, v: jax.jit(lambda t, v: t @ v)(t, v), set(), None),
+    "jax.jit, a nested scan": (
+        lambda t, v: jax.jit(lambda v: jax.lax.scan(lambda c, i: (c + t @ v * i, None), v, jnp.arange(3.0)))(
+            v
+        ),
+        {"default"},
+        "jax.jit",
+    ),
+    "frozenconst.jit inside jax.jit": (
+        lambda t, v: jax.jit(lambda v: frozenconst.jit(lambda w: t @ w)(v))(v),
+        {"default"},
+        "jax.jit",
+    ),
+    "frozenconst.jit closure": (lambda t, v: frozenconst.jit(lambda v: t @ v)(v), set(), None),
+    "jax.jit inside frozenconst.jit": (
+        lambda t, v: frozenconst.jit(lambda v: jax.jit(lambda w: t @ w)(v))(v),
+        set(),
+        None,
+    ),
+    "eager vmap": (lambda t, v: jax.vmap(lambda x: t @ x)(v[None]), set(), None),
+    "eager grad": (lambda t, v: jax.grad(lambda x: jnp.sum(t @ x))(v), set(), None),
+    "eager scan": (
+        lambda t, v: jax.lax.scan(lambda c, i: (c + jnp.sum(t @ v) * i, None), 0.0, jnp.arange(3.0)),
+        set(),
+        None,
+    ),
+    "eager cond": (lambda t, v: jax.lax.cond(True, lambda: jnp.sum(t @ v), lambda: 0.0), set(), None),
+    "pmap": (_pmap, {"default"}, "jax.pmap"),
+    "jax.export": (_export, {"default", "simplified"}, "jax.export"),
+    "eqx.filter_jit closure": (_eqx(closed=True), {"default"}, "eqx.filter_jit"),
+    "eqx.filter_jit argument": (_eqx(closed=False), set(), None),
+    "nnx.jit closure": (_nnx(closed=True), {"default"}, "nnx.jit"),
+    "nnx.jit argument": (_nnx(closed=False), set(), None),
+    "linen, jax.jit(model.apply)": (_linen, {"default"}, "jax.jit"),
+}
+
+FIXES = {
+    "jax.jit": "`frozenconst.jit` in place of `jax.jit`",
+    "eqx.filter_jit": "`frozenconst.filter_jit` in place of `eqx.filter_jit`",
+    "nnx.jit": "nnx",
+    "jax.pmap": "as an argument",
+    "jax.export": "as an argument",
+}
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_a_warning_exactly_where_jax_embeds_the_constant(form):
+    run, embeds, jit = FORMS[form]
+    t, v = table(seed=hash(form) % 1000), jnp.ones(64, jnp.float32)
+    with recorded() as caught, lowered_sizes() as sizes:
+        jax.block_until_ready(run(t, v))
+    caught = [w for w in caught if " embeds FrozenConst" in str(w.message)]  # not a copy's notice
+    embedded = max(sizes, default=0) > t.nbytes
+    assert embedded == (PIPELINE in embeds), (form, sizes)
+    assert len(caught) == int(embedded), [str(w.message) for w in caught]
+    if embedded:
+        text = str(caught[0].message)
+        assert len(text) <= 600, len(text)
+        assert text.startswith(f"{jit} embeds FrozenConst float32[64, 64] (16.0 KiB)"), text
+        assert FIXES[jit] in text
+        assert caught[0].filename == __file__  # the user's line that called the function
+
+
+def test_the_warning_names_the_line_that_uses_the_constant():
+    t, v = table(), jnp.ones(64, jnp.float32)
+
+    def model(v):
+        return jnp.tanh(t @ v)  # the line the warning names
+
+    line = model.__code__.co_firstlineno + 1
+    with recorded() as caught:
+        jax.jit(model)(v)
+    if PIPELINE == "simplified":
+        assert caught == []
+        return
+    (warning,) = caught
+    assert f"{__file__}:{line}" in str(warning.message)
+
+
+def test_once_per_program_and_constant():
+    t, u, v = table(seed=1), table(seed=2), jnp.ones(64, jnp.float32)
+    f = jax.jit(lambda v: t @ v + u @ v)
+    g = jax.jit(lambda v: t @ v * 2)
+    with recorded() as caught:
+        f(v)
+        f(jnp.ones((64, 3), jnp.float32))  # a second program of f: a new trace, the same constants
+        f(v)
+        g(v)
+    if PIPELINE == "simplified":
+        assert caught == []
+        return
+    first, second = (str(w.message) for w in caught)
+    assert "and 1 more FrozenConst(s), 32.0 KiB in all" in first
+    assert "more FrozenConst" not in second  # g: a program of its own, one constant
+
+
+@pytest.mark.parametrize("nbytes", [THRESHOLD - 4, THRESHOLD, THRESHOLD + 4])
+def test_nothing_at_or_below_the_threshold(nbytes):
+    t = FrozenConst(np.arange(nbytes // 4, dtype=np.float32))
+    with recorded() as caught:
+        jax.jit(lambda v: jnp.sum(t) + v)(1.0)
+    assert len(caught) == int(PIPELINE == "default" and nbytes > THRESHOLD)
+
+
+_DTYPES = [np.float32, np.int32, np.uint8, np.bool_, np.float16, jnp.bfloat16, np.int8, np.complex64]
+_CALL_FORMS = ["jax.jit closure", "jax.jit argument", "eager vmap", "frozenconst.jit closure", "pmap"]
+
+
+@settings(max_examples=30)
+@given(
+    dtype=st.sampled_from(_DTYPES),
+    length=st.integers(1, 3000),
+    form=st.sampled_from(_CALL_FORMS),
+)
+def test_warned_if_and_only_if_embedded_above_the_threshold(dtype, length, form):
+    # Over dtypes, sizes about the threshold and call forms: warned exactly where JAX
+    # embeds the constant (the program's size) and it is above the threshold.
+    data = (np.arange(length) % 7).astype(dtype)
+    t = FrozenConst(data)
+    run = {
+        "jax.jit closure": lambda: jax.jit(lambda v: jnp.sum(t) + v)(1),
+        "jax.jit argument": lambda: jax.jit(lambda t, v: jnp.sum(t) + v)(t, 1),
+        "eager vmap": lambda: jax.vmap(lambda v: jnp.sum(t) + v)(jnp.ones(2, jnp.int32)),
+        "frozenconst.jit closure": lambda: frozenconst.jit(lambda v: jnp.sum(t) + v)(1),
+        "pmap": lambda: jax.pmap(lambda v: jnp.sum(t) + v)(jnp.ones(1, jnp.int32)),
+    }[form]
+    with recorded() as caught, lowered_sizes() as sizes:
+        jax.block_until_ready(run())
+    embedded = PIPELINE == "default" and form in ("jax.jit closure", "pmap")
+    assert len(caught) == int(embedded and t.nbytes > THRESHOLD), (form, sizes, t.nbytes)
+    if t.nbytes > 4 * THRESHOLD:  # large enough for the program's size to tell
+        assert (max(sizes, default=0) > t.nbytes) == embedded, (form, sizes)
+
+
+def test_no_warning_inside_frozenconsts_own_wrappers():
+    t, v = table(), jnp.ones(64, jnp.float32)
+    with recorded() as caught, lowered_sizes() as sizes:
+        frozenconst.jit(lambda v: t @ v)(v)
+        frozenconst.filter_jit(lambda m, v: m["t"] @ v)({"t": t}, v)
+        frozenconst.jit(lambda v: t @ v).lower(v).compile()
+    assert caught == []
+    assert max(sizes) < t.nbytes
+
+
+def test_warnings_as_errors_stop_the_embedding_call():
+    t, v = table(), jnp.ones(64, jnp.float32)
+    f = jax.jit(lambda v: t @ v)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FrozenConstWarning)
+        if PIPELINE == "default":
+            with pytest.raises(FrozenConstWarning, match=r"jax\.jit embeds FrozenConst"):
+                f(v)
+        else:
+            f(v)
+
+
+# -- a static index or slice: never worse than the NumPy array it replaced -------------
+
+
+def _static_index(draw, shape):
+    entries = []
+    for size in shape:
+        kind = draw(st.sampled_from(["int", "slice", "all"]))
+        if kind == "int":
+            entries.append(draw(st.integers(-size, size - 1)))
+        elif kind == "slice":
+            start = draw(st.none() | st.integers(-size, size))
+            stop = draw(st.none() | st.integers(-size, size))
+            step = draw(st.none() | st.sampled_from([1, 2, 3, -1, -2]))
+            entries.append(slice(start, stop, step))
+        else:
+            entries.append(slice(None))
+    if draw(st.booleans()):
+        entries.insert(draw(st.integers(0, len(entries))), None)
+    if draw(st.booleans()) and entries:
+        entries[-1] = Ellipsis
+    return entries[0] if len(entries) == 1 and draw(st.booleans()) else tuple(entries)
+
+
+@st.composite
+def static_reads(draw):
+    shape = tuple(draw(st.lists(st.integers(1, 40), min_size=1, max_size=3)))
+    return shape, _static_index(draw, shape)
+
+
+def _no_buffer_of(shape, dtype):
+    return not any(a.shape == shape and a.dtype == dtype for a in jax.live_arrays())
+
+
+def _buffers_of(shape):
+    return sum(a.shape == shape for a in jax.live_arrays())
+
+
+@settings(max_examples=40)
+@given(read=static_reads(), seed=st.integers(0, 10))
+def test_a_static_read_is_no_bigger_than_numpys(read, seed):
+    shape, index = read
+    data = np.random.default_rng(seed).standard_normal((*shape, 33)).astype(np.float32)  # 33: a unique shape
+    t = FrozenConst(data)
+    v = jnp.float32(2.0)
+    mine = jax.jit(lambda v: t[index] * v)
+    if not raw_numpy_lowers():  # jax 0.7 to 0.9 under the simplified pipeline: the NumPy form fails
+        np.testing.assert_array_equal(np.asarray(mine(v)), data[index] * np.float32(2))
+        assert len(mine.lower(v).as_text()) < 2048 and t.placements == ()
+        return
+    numpys = jax.jit(lambda v: data[index] * v)
+    assert len(mine.lower(v).as_text()) <= len(numpys.lower(v).as_text())
+    before = _buffers_of(data.shape)
+    expected = np.asarray(numpys(v))
+    by_numpy = _buffers_of(data.shape) - before  # the simplified pipeline hoists a whole read
+    np.testing.assert_array_equal(np.asarray(mine(v)), expected)
+    assert _buffers_of(data.shape) - before - by_numpy <= by_numpy
+    assert t.placements == ()  # no device buffer of the constant itself
+
+
+def test_static_reads_from_a_large_table():
+    # Issue #35's case: 16 MiB, read at 8 positions; `T[3] * v`; `T[::2, 1]`.
+    data = np.random.default_rng(0).standard_normal((4096, 1024)).astype(np.float32)
+    t = FrozenConst(data)
+    v = jnp.ones(1024, jnp.float32)
+    for mine, numpys in [
+        (lambda v: t[:8] @ v, lambda v: data[:8] @ v),
+        (lambda v: t[3] * v, lambda v: data[3] * v),
+        (lambda v: t[::2, 1] * v[0], lambda v: data[::2, 1] * v[0]),
+    ]:
+        with recorded() as caught:
+            size = len(jax.jit(mine).lower(v).as_text())
+        assert size <= (len(jax.jit(numpys).lower(v).as_text()) if raw_numpy_lowers() else 4096)
+        assert caught == []
+    assert _no_buffer_of(data.shape, np.float32)
+
+
+def test_a_static_read_elsewhere_is_jaxs():
+    t = table((8, 5))
+    eager = t[3]
+    assert isinstance(eager, jax.Array) and t.placements  # eager: the cached buffer, indexed
+    np.testing.assert_array_equal(np.asarray(eager), np.asarray(jnp.asarray(t)[3]))
+    # Out of bounds: JAX clamps (NumPy would raise); inside a trace too.
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda: t[7])()), np.asarray(jnp.asarray(t)[7]))
+    # Inside frozenconst.jit the constant is a parameter, sliced in the program.
+    big = table((64, 33))
+    f = frozenconst.jit(lambda v: big[:2] * v)
+    assert len(f.lower(jnp.float32(1)).as_text()) < big.nbytes
+    np.testing.assert_array_equal(np.asarray(f(jnp.float32(2))), np.asarray(jnp.asarray(big)[:2] * 2))
+
+
+# -- derived copies: one message per line of user code ----------------------------------
+
+
+def _frozen_params(n):
+    rng = np.random.default_rng(0)
+    consts = {f"c{i}": FrozenConst(rng.standard_normal((2 + i, 3)).astype(np.float32)) for i in range(n)}
+    return {"w": jnp.ones((4, 3)), "consts": consts}
+
+
+def test_one_message_for_a_line_that_copies_many_constants():
+    optax = pytest.importorskip("optax")
+    params = _frozen_params(8)  # eight shapes
+    opt = optax.adam(1e-3)
+    with recorded() as caught:
+        state = opt.init(params)
+    (warning,) = caught
+    text = str(warning.message)
+    assert warning.filename == __file__
+    assert len(text) <= 600
+    assert text.startswith("optax put a copy of FrozenConst")
+    assert "the tree rebuilt there holds 8 FrozenConsts" in text  # how many it concerns
+    assert "frozenconst.partition(params)[0]" in text
+    assert state is not None
+
+
+def test_a_training_loop_is_told_once():
+    params = _frozen_params(4)
+
+    @jax.jit
+    def step(params):
+        return jax.tree.map(lambda x: x, params, is_leaf=frozenconst.is_frozen)
+
+    lines = []
+    with recorded() as caught:
+        for _ in range(5):
+            lines.append(sys._getframe().f_lineno + 1)
+            params = step(params)  # the line told
+    (warning,) = caught
+    assert (warning.filename, warning.lineno) == (__file__, lines[0])
+    assert "frozenconst.filter_jit" in str(warning.message)
+    assert "the tree rebuilt there holds 4 FrozenConsts" in str(warning.message)
+    with recorded() as again:
+        params = step(params)  # another line: told too
+    assert len(again) == 1
+
+
+def test_derived_copy_warnings_as_errors():
+    optax = pytest.importorskip("optax")
+    params = _frozen_params(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FrozenConstWarning)
+        with pytest.raises(FrozenConstWarning, match="optax put a copy"):
+            optax.adam(0.1).init(params)
+
+
+def test_equinox_gets_equinox_advice():
+    eqx = pytest.importorskip("equinox")
+    model = {"t": table((4, 4)), "w": jnp.ones(4)}
+    with recorded() as caught:
+        eqx.filter_jit(lambda m: m)(model)
+    (warning,) = caught
+    assert str(warning.message).startswith("equinox put a copy")
+    assert "frozenconst.filter_jit" in str(warning.message)
+
+
+# -- the linen serialization hook --------------------------------------------------------
+
+
+LINEN_SETUP = """
+import {first}, {second}
+import warnings
+import jax, jax.numpy as jnp, numpy as np
+import flax.linen as nn
+from flax import serialization
+import frozenconst
+frozenconst.register_flax()  # registered already where flax came first; again, it does nothing
+warnings.simplefilter("error", frozenconst.FrozenConstWarning)
+
+class Model(nn.Module):
+    def setup(self):
+        self.dense = nn.Dense(4)
+        self.w = self.param("w", nn.initializers.ones, (4, 4))
+
+    def __call__(self, x):
+        return self.dense(x) @ self.w
+
+model = Model()
+x = jnp.arange(8.0).reshape(2, 4)
+params = model.init(jax.random.key(0), x)
+frozen = jax.tree.map(frozenconst.FrozenConst, params)
+out = jax.jit(model.apply)(frozen, x)
+assert np.array_equal(np.asarray(out), np.asarray(jax.jit(model.apply)(params, x)))
+data = serialization.to_bytes(frozen)
+back = serialization.from_bytes(frozen, data)
+assert all(a is b for a, b in zip(jax.tree.leaves(back, is_leaf=frozenconst.is_frozen),
+                                  jax.tree.leaves(frozen, is_leaf=frozenconst.is_frozen)))
+print("ok")
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("order", [("flax", "frozenconst"), ("frozenconst", "flax")])
+def test_linen_setup_params_under_jax_jit_whatever_the_import_order(order):
+    pytest.importorskip("flax")
+    from helpers import run_bounded
+
+    source = LINEN_SETUP.format(first=order[0], second=order[1])
+    code, out = run_bounded([sys.executable, "-c", source])
+    assert code == 0, out[-3000:]
+    assert out.strip().endswith("ok")
+
+
+def test_a_derived_constant_round_trips_through_flax_serialization():
+    pytest.importorskip("flax")
+    from flax import serialization
+
+    frozenconst.register_flax()
+    tree = {"t": table((3, 3))}
+    with recorded():
+        copied = jax.jit(lambda tree: tree)(tree)  # a derived copy
+    data = serialization.to_bytes(copied)
+    back = serialization.from_bytes(tree, data)
+    assert back["t"] is tree["t"]  # the same bytes: the template's constant itself
+
+
+# -- JAX's refusals inside frozenconst's own wrappers ------------------------------------
+
+
+def _rotary():
+    return FrozenConst(np.arange(16 * 64, dtype=np.float32).reshape(16, 64))
+
+
+@pytest.mark.parametrize("wrapper", ["frozenconst.jit", "frozenconst.filter_jit"])
+def test_a_decoders_dynamic_read_of_a_table(wrapper):
+    # How a decoder reads a rotary table: `lax.dynamic_slice` at a traced position.
+    table = _rotary()
+    wrap = frozenconst.jit if wrapper == "frozenconst.jit" else frozenconst.filter_jit
+    read = wrap(lambda pos: jax.lax.dynamic_slice(table, (pos, 0), (1, 64)))  # the line named
+    line = read.__wrapped__.__code__.co_firstlineno if wrapper == "frozenconst.jit" else None
+    expected = np.asarray(table)[5:6]
+    if jax.__version__ not in JAX_LAX_REFUSES:  # jax.lax takes a FrozenConst here
+        np.testing.assert_array_equal(np.asarray(read(jnp.int32(5))), expected)
+        return
+    if tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 7):
+        # jax 0.6 converts it with a DeprecationWarning (its host data, which the program then
+        # embeds, and frozenconst.jit says so): JAX's answer on the floor, docs/jax.md.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            with pytest.warns(FrozenConstWarning, match="closes over a NumPy array"):
+                np.testing.assert_array_equal(np.asarray(read(jnp.int32(5))), expected)
+        return
+    refused = _refusal_of(lambda: read(jnp.int32(5)))
+    assert isinstance(refused, (frozenconst.FrozenConstValueError, frozenconst.FrozenConstTypeError))
+    text = str(refused)
+    assert "`jax.lax.dynamic_slice`" in text and "test_drop_in.py:" in text and "jnp.asarray" in text
+    if line is not None:
+        assert f"test_drop_in.py:{line}" in text
+
+
+def _refusal_of(call):
+    """The frozenconst error `call` raises; jax 0.6 first takes the value with a DeprecationWarning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(
+            (frozenconst.FrozenConstValueError, frozenconst.FrozenConstTypeError, IndexError)
+        ) as caught:
+            call()
+    return caught.value
+
+
+@pytest.mark.parametrize("wrapper", ["frozenconst.jit", "frozenconst.filter_jit"])
+def test_an_index_table_into_an_array(wrapper):
+    # `h[E]`, E a FrozenConst of graph edges: JAX's indexer takes only arrays, on every version.
+    edges = FrozenConst(np.array([3, 1, 2], np.int32))
+    h = jnp.arange(10.0)
+    if wrapper == "frozenconst.jit":
+        gather = frozenconst.jit(lambda h: h[edges])
+    else:
+        gather = frozenconst.filter_jit(lambda h, e: h[e])
+    args = (h,) if wrapper == "frozenconst.jit" else (h, edges)
+    if tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 7):
+        # jax 0.6 takes it with a DeprecationWarning naming `__jax_array__`, then its indexer
+        # fails in other words (docs/jax.md): JAX's error, which names nothing to convert.
+        with pytest.warns(DeprecationWarning, match="__jax_array__"), pytest.raises(ValueError):
+            gather(*args)
+        return
+    refused = _refusal_of(lambda: gather(*args))
+    # The builtin JAX raised, frozenconst's own class: jax >= 0.10 an IndexError, before a ValueError.
+    jax_error = type(refused.__cause__)
+    expected = (
+        frozenconst.FrozenConstIndexError
+        if issubclass(jax_error, IndexError)
+        else frozenconst.FrozenConstValueError
+    )
+    assert type(refused) is expected, (type(refused), jax_error)
+    assert "test_drop_in.py:" in str(refused) and "jnp.asarray" in str(refused)
+    if expected is frozenconst.FrozenConstIndexError:
+        assert "as an index into a `jax.Array`" in str(refused)
+        assert "Got FrozenConst(" in str(refused.__cause__)  # JAX's own words, kept as the cause
+    # The fix the message names works, and copies nothing.
+    fixed = frozenconst.jit(lambda h: h[jnp.asarray(edges)])
+    np.testing.assert_array_equal(np.asarray(fixed(h)), [3.0, 1.0, 2.0])
+
+
+def test_other_errors_pass_through_the_wrappers_untouched():
+    def broken(v):
+        raise ValueError("expected 256 features, got 100")
+
+    with pytest.raises(ValueError, match="expected 256 features") as caught:
+        frozenconst.jit(broken)(jnp.ones(3))
+    assert not isinstance(caught.value, frozenconst.FrozenConstValueError)
