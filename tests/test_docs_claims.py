@@ -119,14 +119,18 @@ def test_the_whisper_figures_are_the_static_slices_runs():
     rows = {
         (r["pipeline"], r["variant"]): r["hlo_bytes"] for r in _results("static-slices-results.json")["rows"]
     }
-    ours, jitted, numpy = (rows[("default", v)] for v in ("frozenconst.jit", "FrozenConst", "numpy"))
+    ours, jitted, array, numpy = (
+        rows[("default", v)] for v in ("frozenconst.jit", "FrozenConst", "jax.Array", "numpy")
+    )
     run = _results("static-slices-results.json")["environment"]["frozenconst"].split(" at ")[1]
     text = _text("docs/performance.md")
     assert f"at commit `{run}`:" in text  # the run's own commit, quoted with its figures
     assert (
-        f"{ours / 1e3:.1f} KB under `frozenconst.jit`, against {jitted / 1e3:.0f} KB under `jax.jit` "
-        f"({jitted / numpy:.1f}x) and {numpy / 1e3:.1f} KB for the NumPy original" in text
+        f"{ours / 1e3:.1f} KB under `frozenconst.jit` and {jitted / 1e3:.1f} KB under `jax.jit` "
+        f"({jitted / numpy:.2f}x the NumPy original's {numpy / 1e3:.1f} KB" in text
     )
+    whole = f"against {array / 1e3:.0f} KB for a `jax.Array` mask under `jax.jit` ({array / numpy:.1f}x"
+    assert whole in text
 
 
 def test_the_alternatives_are_the_sweeps_figures():
