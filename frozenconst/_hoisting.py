@@ -336,32 +336,35 @@ class Protocol:
                 retire(context)
         # Decided here, outside the handler: an error raised below is raised as it is, not
         # "during handling" of another.
-        if frame.redo:
-            # Stopped, or met constants first: redone whatever else went wrong, in the same phase.
-            raise Rediscover(diagnosis)
-        if failed is not None and stopped:
-            raise failed  # not this trace's: an outer trace stopped from inside this function
-        if diagnosis is None or self.inner is not PARAMETER:
-            if failed is None:
-                return out
-            if frame.inner is PARAMETER and frame.nested:
-                # JAX may refuse a parameter closed over by an inner trace
-                # (`shard_map` over `Explicit` mesh axes refuses closed-over
-                # sharded inputs), or the user's code failed: the call traces
-                # again with what jax.jit would give those uses, their buffers, to tell.
-                raise Rediscover(Diagnosis(self, failed))
-            raise failed
-        if diagnosis.phase is Phase.BUFFERS:
-            if failed is None and frame.nested:
-                diagnosis.phase = Phase.CONFIRM  # buffers work: does the parameter fail again?
+        try:
+            if frame.redo:
+                # Stopped, or met constants first: redone whatever else went wrong, in the same phase.
                 raise Rediscover(diagnosis)
-            raise diagnosis.error  # the user's error (or one that did not recur)
-        if failed is not None and frame.nested and _first_line(failed) == diagnosis.reason:
-            # Parameters fail, twice, where buffers do not: JAX's refusal, for good.
-            self.inner = BUFFER
-            _warn_refused(frame.nested, diagnosis.reason)
-            raise Rediscover
-        raise diagnosis.error  # it did not recur, or another error came: the user's, as it was
+            if failed is not None and stopped:
+                raise failed  # not this trace's: an outer trace stopped from inside this function
+            if diagnosis is None or self.inner is not PARAMETER:
+                if failed is None:
+                    return out
+                if frame.inner is PARAMETER and frame.nested:
+                    # JAX may refuse a parameter closed over by an inner trace
+                    # (`shard_map` over `Explicit` mesh axes refuses closed-over
+                    # sharded inputs), or the user's code failed: the call traces
+                    # again with what jax.jit would give those uses, their buffers, to tell.
+                    raise Rediscover(Diagnosis(self, failed))
+                raise failed
+            if diagnosis.phase is Phase.BUFFERS:
+                if failed is None and frame.nested:
+                    diagnosis.phase = Phase.CONFIRM  # buffers work: does the parameter fail again?
+                    raise Rediscover(diagnosis)
+                raise diagnosis.error  # the user's error (or one that did not recur)
+            if failed is not None and frame.nested and _first_line(failed) == diagnosis.reason:
+                # Parameters fail, twice, where buffers do not: JAX's refusal, for good.
+                self.inner = BUFFER
+                _warn_refused(frame.nested, diagnosis.reason)
+                raise Rediscover
+            raise diagnosis.error  # it did not recur, or another error came: the user's, as it was
+        finally:
+            failed = diagnosis = None
 
     def _diagnosis(self) -> Diagnosis | None:
         """The diagnosis of this thread's call of this function, if the trace starting is that

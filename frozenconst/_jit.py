@@ -223,7 +223,12 @@ class JitWrapped(Generic[_P, _R]):
             return self._run(consts, args, kwargs)
         except (RuntimeError, ValueError) as err:
             failed = err
-        return self._recover(failed, group, consts, args, kwargs)
+        try:
+            return self._recover(failed, group, consts, args, kwargs)
+        finally:
+            # The error's traceback holds this frame: a cycle that would keep the call's
+            # arguments and buffers until Python's collector runs, on every refed call.
+            del failed
 
     def _recover(
         self, err: Exception, group: Group, consts: tuple[jax.Array, ...], args: Any, kwargs: Any
@@ -239,23 +244,28 @@ class JitWrapped(Generic[_P, _R]):
         the function traces again (`_recapture`). Raised after the handler of `err`, never
         "during handling" of it: the user's error keeps its own context (issue #37).
         """
-        for _ in range(_MAX_REFEEDS):
-            lost = self._constants.lost_captured()
-            if lost:
-                self._recapture(lost)
-                return self._called_again(args, kwargs)
-            consts = self._refed(consts, err, group, args, kwargs)
-            failed: Exception | None = None
-            try:
-                return self._run(consts, args, kwargs)
-            except Rediscover:
-                pass  # the program was dropped since (`jax.clear_caches()`): a new call, below
-            except (RuntimeError, ValueError) as again:
-                failed = again
-            if failed is None:
-                return self._called_again(args, kwargs)
-            err = failed
-        raise err
+        failed: Exception | None = None
+        try:
+            for _ in range(_MAX_REFEEDS):
+                lost = self._constants.lost_captured()
+                if lost:
+                    self._recapture(lost)
+                    return self._called_again(args, kwargs)
+                consts = self._refed(consts, err, group, args, kwargs)
+                failed = None
+                try:
+                    return self._run(consts, args, kwargs)
+                except Rediscover:
+                    pass  # the program was dropped since (`jax.clear_caches()`): a new call, below
+                except (RuntimeError, ValueError) as again:
+                    failed = again
+                if failed is None:
+                    return self._called_again(args, kwargs)
+                err = failed
+            raise err
+        finally:
+            # As in `_call`: the errors' tracebacks hold this frame; no cycle outlives the call.
+            del err, failed
 
     def _run(self, consts: tuple[jax.Array, ...], args: Any, kwargs: Any) -> _R:
         """The compiled function called with `consts` in front of the arguments; `_plain` where
