@@ -237,8 +237,14 @@ def note_derived_copy(derived: Derived, caller: types.FrameType, node: type) -> 
     known = told.via.get(site)
     if known is not None:
         depth, user_site = known
-        if _site(frame_at(2 + depth)) == user_site:  # this frame, `tree_unflatten`'s, then `caller`'s
-            return
+        try:
+            if _site(frame_at(2 + depth)) == user_site:  # this frame, `tree_unflatten`'s, then `caller`'s
+                return
+        except ValueError:
+            # The stack is shallower than where this site was reached from before (module-level
+            # code calling `jax.tree_util.tree_map` itself, a site first met through
+            # `jax.tree.map` in a function): another user line, told below.
+            pass
     _tell(told, caller, site, derived, node)
 
 

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import raw_numpy_lowers
+from helpers import raw_numpy_lowers, run_bounded, subprocess_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -385,6 +385,34 @@ def _frozen_params(n):
     rng = np.random.default_rng(0)
     consts = {f"c{i}": FrozenConst(rng.standard_normal((2 + i, 3)).astype(np.float32)) for i in range(n)}
     return {"w": jnp.ones((4, 3)), "consts": consts}
+
+
+@pytest.mark.subprocess
+def test_a_copy_made_from_a_shallower_stack_than_before_is_told_not_a_crash():
+    # The dedup reads the frame where a library's call site was reached from last, that many
+    # frames up: module-level code (the shallowest stack there is) calling JAX's tree function
+    # itself, after a function reached the same call site through `jax.tree.map`, once made
+    # that read raise "call stack is not deep enough" out of JAX's tree function (found in a
+    # fine-tuning example's first step). Module level needs a script of its own.
+    import textwrap
+
+    code = """
+        import warnings
+        import jax, numpy as np
+        from frozenconst import FrozenConst, FrozenConstWarning
+        c = FrozenConst(np.ones(3, np.float32))
+        def deep():
+            return jax.tree.map(lambda x: x + 1, [c])
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            deep()
+            out = jax.tree_util.tree_map(lambda x: x + 1, [c])
+        lines = sorted(w.lineno for w in seen if issubclass(w.category, FrozenConstWarning))
+        print("rebuilt", type(out[0]).__name__, float(out[0][0]), "lines", lines)
+    """
+    rc, out = run_bounded([sys.executable, "-c", textwrap.dedent(code)], env=subprocess_env("cpu"))
+    # Both user lines told, once each: `deep`'s (line 7) and the module-level call (line 11).
+    assert rc == 0 and "rebuilt FrozenConst 2.0 lines [7, 11]" in out, out
 
 
 def test_one_message_for_a_line_that_copies_many_constants():
