@@ -51,18 +51,19 @@ class Derived:
     never embedded in it.
     """
 
-    __slots__ = ("__weakref__", "_frozen", "hits", "hot", "leaf", "serial")
+    __slots__ = ("__weakref__", "copy_store", "hits", "hot", "leaf", "serial")
 
     concrete = False
 
     def __init__(self, leaf: Any) -> None:
+        # `concrete_derived` sets these same slots for a concrete leaf: keep the two alike.
         self.leaf = leaf
         # As a store's (`Store.hot`), read by the cache hit `FrozenConst.tree_flatten` and
         # `__jax_array__` inline: a concrete leaf is served from it as a constant's default
         # buffer is, so a derived copy passed back into a jitted step costs what a constant
         # costs (issue #35); a tracer's use is `array`'s.
         self.hot: jax.Array | None = leaf if type(leaf) is _CONCRETE else None
-        self._frozen: Store | None = None
+        self.copy_store: Store | None = None
         # As a store's: `frozenconst.jit` numbers what it meets (`_hoisting.resolve`),
         # and counts the hits of what it feeds (`Store.count_hits`).
         self.serial = next_serial()
@@ -98,9 +99,9 @@ class Derived:
     def frozen(self) -> Store:
         """A store of a frozen copy of the leaf, made once: no path hands out memory that
         JAX or anyone else could still write."""
-        if self._frozen is None:
-            self._frozen = Store(freeze(to_numpy(self.leaf, None)))
-        return self._frozen
+        if self.copy_store is None:
+            self.copy_store = Store(freeze(to_numpy(self.leaf, None)))
+        return self.copy_store
 
     def whole(self, what: str) -> np.ndarray[Any, Any]:
         """The frozen copy's host buffer."""
@@ -179,6 +180,21 @@ _WHO = {
     "jit": "A jitted function",
     "": "A JAX function of pytrees",
 }
+
+
+_new = object.__new__
+
+
+def concrete_derived(leaf: Any) -> Derived:
+    """`Derived(leaf)` for a concrete `ArrayImpl` leaf (a copy), without the class call and
+    `__init__`'s frame: `FrozenConst.tree_unflatten` makes one per copy a step rebuilds, and
+    those were a measurable part of it (issue #35)."""
+    derived: Derived = _new(Derived)
+    derived.leaf = derived.hot = leaf
+    derived.copy_store = None
+    derived.serial = next_serial()
+    derived.hits = 0
+    return derived
 
 
 class _Told:

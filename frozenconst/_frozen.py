@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 from numpy.typing import ArrayLike, DTypeLike
 
 from . import _derived, _hoisting
-from ._cache import OWNER_REFS, STATE, Placement, Store, Use
+from ._cache import OWNER_REFS, STATE, Placement, Store, Use, owner_of
 from ._compat import (
     DEFAULT_DEVICE,
     DIFFERENTIATED,
@@ -24,12 +24,16 @@ from ._compat import (
     register_array_type,
     top_level,
 )
-from ._derived import Derived, note_derived_copy
+from ._derived import Derived, concrete_derived, note_derived_copy
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._host import HostMemory, frozen_copy, host_memory_choice
 from ._partial import as_shape, from_callback, from_source, lazily_sliceable, spans_processes
 from ._stats import ConstStats, const_stats
 from ._targets import Target, as_sharding
+
+# `object.__new__`, bound once: a handle is made per pytree rebuild, and the attribute lookup
+# was a measurable part of one (issue #35).
+_new = object.__new__
 
 # `jax.Array` methods that free or invalidate the cached buffer. Everything else
 # on `jax.Array` is offered on `FrozenConst` too, computed on the cached buffer.
@@ -210,7 +214,7 @@ class FrozenConst(_StaticBase):
     @classmethod
     def _of(cls, store: Store | Derived, sharding: jax.sharding.Sharding | None = None) -> FrozenConst:
         """A handle on `store`, every use of which gets `sharding`: no validation, no copy."""
-        handle = object.__new__(cls)
+        handle = _new(cls)
         handle._init(store, sharding)
         return handle
 
@@ -258,32 +262,49 @@ class FrozenConst(_StaticBase):
         (docs/training.md, "What each idiom does").
         """
         (leaf,) = children
-        if type(leaf) is not ArrayImpl and isinstance(leaf, DIFFERENTIATED):
-            # A constant to autodiff: the value without its tangent (where JAX's
-            # autodiff flattened the constant itself, that is its own buffer again).
-            leaf = jax.lax.stop_gradient(leaf)
-        # `owner_of`, `note_derived_copy`'s first check and `_of`, inlined: a jitted step
-        # returning many FrozenConsts rebuilds each one per call, and each call here was a
-        # measurable part of it (issue #35, `python -m benchmarks training`, derived copies).
-        ref = OWNER_REFS.get(id(leaf))
-        if ref is not None:
-            store = ref()
-            owner = None if store is None else store.sharding_of(leaf)
-            if owner is not None:
-                return cls._of(*owner)
-        if type(leaf) is np.ndarray:
-            # NumPy data in the constant's place (`jax.device_get(x)`, `jax.tree.map(np.asarray,
-            # tree)`): that array, as for a `jax.Array` leaf, not a FrozenConst wrapping NumPy
-            # data (issue #37). On the CPU it is a read-only view of the host data, no copy.
-            return leaf
-        derived = Derived(leaf)
-        if derived.hot is not None:  # a new concrete array: a copy (a tracer is what a trace rebuilds)
+        # `owner_of`, `note_derived_copy`'s first check and `_of`, inlined, and a concrete
+        # array's case first: a jitted step returning many FrozenConsts rebuilds each one per
+        # call, and each call here was a measurable part of it (issue #35, `python -m
+        # benchmarks training`, derived copies; eqx partition/combine, NNX split/merge: #36).
+        if type(leaf) is ArrayImpl:
+            ref = OWNER_REFS.get(id(leaf))
+            if ref is not None:
+                store = ref()
+                if store is not None:
+                    if leaf is store.hot:
+                        # The default placement's buffer (served only where a use without a
+                        # sharding gets none, `Store._serve`): what `sharding_of` finds,
+                        # without its lock and walk.
+                        handle = _new(cls)
+                        handle._store = store
+                        handle._sharding = None
+                        return handle
+                    owner = store.sharding_of(leaf)
+                    if owner is not None:
+                        return cls._of(*owner)
+            # A new concrete array: a copy.
+            derived = concrete_derived(leaf)
             caller = frame_at(1)  # the code that called JAX's tree function
             told = _derived.told
             code, lasti = told.last
             if caller.f_code is not code or caller.f_lasti != lasti or told.filters is not warnings.filters:
                 note_derived_copy(derived, caller, cls)
-        handle = object.__new__(cls)
+        else:
+            if isinstance(leaf, DIFFERENTIATED):
+                # A constant to autodiff: the value without its tangent (where JAX's
+                # autodiff flattened the constant itself, that is its own buffer again).
+                leaf = jax.lax.stop_gradient(leaf)
+            elif type(leaf) is np.ndarray:
+                # NumPy data in the constant's place (`jax.device_get(x)`, `jax.tree.map(
+                # np.asarray, tree)`): that array, as for a `jax.Array` leaf, not a FrozenConst
+                # wrapping NumPy data (issue #37). On the CPU a read-only view of the host data.
+                return leaf
+            elif ArrayImpl is None:  # a JAX without `ArrayImpl` (`_compat`): owners by lookup
+                owner = owner_of(leaf)
+                if owner is not None:
+                    return cls._of(*owner)
+            derived = Derived(leaf)  # a tracer: what a trace rebuilds
+        handle = _new(cls)
         handle._store = derived
         handle._sharding = None
         return handle

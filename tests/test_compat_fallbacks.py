@@ -472,3 +472,21 @@ def test_without_jaxs_array_class_operators_and_attributes_are_found_by_name(mon
     # Inside a transformation the buffer is a tracer, found by name with or without the class.
     traced = jax.jit(lambda v: by_name(FrozenConst(np.asarray(x)), v))(w)
     np.testing.assert_array_equal(np.asarray(traced), np.asarray(expected))
+
+
+def test_without_jaxs_array_class_a_constant_rebuilds_as_itself_and_a_new_array_as_a_copy(monkeypatch):
+    # `FrozenConst.tree_unflatten` takes a concrete `ArrayImpl` leaf's case first; with the
+    # class not found (`_compat.ArrayImpl` None) every leaf goes the other way, which must
+    # still find the constant's own buffer (the identity through `jax.jit`) and NumPy data.
+    from frozenconst import _frozen
+
+    x = FrozenConst(unique_data((3, 3)))
+    own = jnp.asarray(x)
+    monkeypatch.setattr(_frozen, "ArrayImpl", None)
+    back = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(x), [own])
+    assert back.is_concrete and jnp.asarray(back) is own
+    through = jax.jit(lambda t: t)(x)  # the output is a new buffer: a copy, not the constant
+    assert not through.is_concrete
+    np.testing.assert_array_equal(np.asarray(through), np.asarray(x))
+    host = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(x), [np.asarray(x)])
+    assert type(host) is np.ndarray

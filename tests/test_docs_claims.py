@@ -197,3 +197,40 @@ def test_each_results_table_carries_its_stamp(path):
     text = " ".join(path.read_text().split())
     assert re.search(_DATE, text) and re.search(r"frozenconst:? " + _REVISION, text), path.name
     assert re.search(r"\bjax:? \d+\.\d+", text) and re.search(r"\bcpu:? \S", text), path.name
+
+
+def test_the_fine_tuning_figures_are_the_latest_runs():
+    pipelines = _results("finetune-results.json")["pipelines"]
+    text = _text("docs/performance.md")
+
+    def rows(pipeline, compare=False):
+        return [r for r in pipelines[pipeline]["rows"] if r["example"].startswith("(compare)") == compare]
+
+    def span(pipeline):
+        got = [r["ratio"] for r in rows(pipeline)]
+        return f"{min(got):.2f}x to {max(got):.2f}x"
+
+    within = sum(r["ratio"] <= 1.10 for p in pipelines for r in rows(p))
+    total = sum(len(rows(p)) for p in pipelines)
+    assert f"{span('default')} the original's under the default pipeline and {span('simplified')}" in text
+    assert f"({within} of {total} within 1.10x)" in text
+    # The memory claims: never more live bytes for the frozen part, the same result bytes.
+    everything = [r for p in pipelines for r in rows(p)]
+    assert all(r["frozen_live_bytes"] <= r["original_live_bytes"] for r in everything)
+    assert all(r["frozen_result_bytes"] == r["original_result_bytes"] for r in everything)
+    assert "equal to or below the original's in every row" in text
+    (eqx,) = [r for r in rows("default", compare=True) if "filter_jit" in r["example"]]
+    assert f"under `frozenconst.filter_jit` the equinox step is {eqx['ratio']:.2f}x the original's" in text
+
+
+def test_the_derived_copy_figures_are_the_latest_training_runs():
+    results = _results("training-results.json")
+    text = _text("docs/performance.md")
+    for pipeline, named in (("default", "default"), ("simplified", "simplified")):
+        rows = {r["step"].rsplit(", ", 1)[1]: r for r in results["pipelines"][pipeline]["derived"]}
+        ours, floor = rows["FrozenConst"], rows["one-slot type (the floor)"]
+        claim = (
+            f"{ours['ratio_to_array']:.2f}x the `jax.Array` step and {ours['ratio_to_floor']:.2f}x the "
+            f"one-slot floor, which is itself {floor['ratio_to_array']:.2f}x the `jax.Array` step ({named}"
+        )
+        assert claim in text
