@@ -176,8 +176,10 @@ def _write(variable: Frozen, value: Any) -> None:
             const = value
         else:
             value = leaf
+    # Read once: on a variable flax has just made (`Variable._new`, each pytree rebuild, a
+    # jitted step's outputs) the slot is unset, and the read raises and catches an error.
+    held = _const_of(variable)
     if const is None and isinstance(value, jax.Array):
-        held = _const_of(variable)
         if held is not None and value is held.__jax_array__():
             # Its own constant's buffer, written back: nothing changes.
             return
@@ -190,7 +192,6 @@ def _write(variable: Frozen, value: Any) -> None:
         _CONST.__set__(variable, const)
         _HELD.__set__(variable, None)
         return
-    held = _const_of(variable)
     if held is not None and _concrete(value):
         if tuple(value.shape) == held.shape and np.dtype(value.dtype) == held.dtype:
             # A copy of the constant written back (`nnx.jit` after a step): dropped.
