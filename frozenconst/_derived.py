@@ -27,15 +27,11 @@ from numpy.typing import DTypeLike
 
 from . import _hoisting
 from ._cache import Store
-from ._compat import ArrayImpl, Tracer, frame_at, library_of
+from ._compat import Tracer, frame_at, library_of
 from ._convert import to_numpy
 from ._errors import FrozenConstTypeError, FrozenConstWarning
 from ._hoisting import next_serial
 from ._host import freeze, frozen_copy, human_bytes
-
-# JAX's class of concrete arrays, typed `Any` so that comparing a leaf's type with it narrows
-# nothing (and costs no `typing.cast` call on the rebuild path).
-_CONCRETE: Any = ArrayImpl
 
 
 class Derived:
@@ -55,19 +51,12 @@ class Derived:
 
     concrete = False
 
-    def __init__(self, leaf: Any) -> None:
-        # `concrete_derived` sets these same slots for a concrete leaf: keep the two alike.
-        self.leaf = leaf
-        # As a store's (`Store.hot`), read by the cache hit `FrozenConst.tree_flatten` and
-        # `__jax_array__` inline: a concrete leaf is served from it as a constant's default
-        # buffer is, so a derived copy passed back into a jitted step costs what a constant
-        # costs (issue #35); a tracer's use is `array`'s.
-        self.hot: jax.Array | None = leaf if type(leaf) is _CONCRETE else None
-        self.copy_store: Store | None = None
-        # As a store's: `frozenconst.jit` numbers what it meets (`_hoisting.resolve`),
-        # and counts the hits of what it feeds (`Store.count_hits`).
-        self.serial = next_serial()
-        self.hits = 0
+    # Each set by `derived_of`, the one way a `Derived` is made.
+    leaf: Any
+    hot: jax.Array | None
+    copy_store: Store | None
+    serial: int
+    hits: int
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -185,13 +174,21 @@ _WHO = {
 _new = object.__new__
 
 
-def concrete_derived(leaf: Any) -> Derived:
-    """`Derived(leaf)` for a concrete `ArrayImpl` leaf (a copy), without the class call and
-    `__init__`'s frame: `FrozenConst.tree_unflatten` makes one per copy a step rebuilds, and
-    those were a measurable part of it (issue #35)."""
+def derived_of(leaf: Any, hot: Any) -> Derived:
+    """A `Derived` around `leaf`; `hot` is `leaf` where it is a concrete `ArrayImpl` (a copy),
+    else None (a tracer). Made without a class call or an `__init__` frame:
+    `FrozenConst.tree_unflatten` makes one per copy a step rebuilds, and those were a
+    measurable part of it (issue #35)."""
     derived: Derived = _new(Derived)
-    derived.leaf = derived.hot = leaf
+    derived.leaf = leaf
+    # As a store's (`Store.hot`), read by the cache hit `FrozenConst.tree_flatten` and
+    # `__jax_array__` inline: a concrete leaf is served from it as a constant's default
+    # buffer is, so a derived copy passed back into a jitted step costs what a constant
+    # costs (issue #35); a tracer's use is `array`'s.
+    derived.hot = hot
     derived.copy_store = None
+    # As a store's: `frozenconst.jit` numbers what it meets (`_hoisting.resolve`),
+    # and counts the hits of what it feeds (`Store.count_hits`).
     derived.serial = next_serial()
     derived.hits = 0
     return derived

@@ -24,7 +24,7 @@ from ._compat import (
     register_array_type,
     top_level,
 )
-from ._derived import Derived, concrete_derived, note_derived_copy
+from ._derived import Derived, derived_of, note_derived_copy
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._host import HostMemory, frozen_copy, host_memory_choice
 from ._partial import as_shape, from_callback, from_source, lazily_sliceable, spans_processes
@@ -283,7 +283,7 @@ class FrozenConst(_StaticBase):
                     if owner is not None:
                         return cls._of(*owner)
             # A new concrete array: a copy.
-            derived = concrete_derived(leaf)
+            derived = derived_of(leaf, leaf)
             caller = frame_at(1)  # the code that called JAX's tree function
             told = _derived.told
             code, lasti = told.last
@@ -303,7 +303,7 @@ class FrozenConst(_StaticBase):
                 owner = owner_of(leaf)
                 if owner is not None:
                     return cls._of(*owner)
-            derived = Derived(leaf)  # a tracer: what a trace rebuilds
+            derived = derived_of(leaf, None)  # a tracer: what a trace rebuilds
         handle = _new(cls)
         handle._store = derived
         handle._sharding = None

@@ -176,9 +176,10 @@ def _write(variable: Frozen, value: Any) -> None:
             const = value
         else:
             value = leaf
-    # Read once: on a variable flax has just made (`Variable._new`, each pytree rebuild, a
-    # jitted step's outputs) the slot is unset, and the read raises and catches an error.
-    held = _const_of(variable)
+    # Read once, and only where used (a constant given is written as it is): on a variable
+    # flax has just made (`Variable._new`, each pytree rebuild, a jitted step's outputs) the
+    # slot is unset, and the read raises and catches an error.
+    held = None if const is not None else _const_of(variable)
     if const is None and isinstance(value, jax.Array):
         if held is not None and value is held.__jax_array__():
             # Its own constant's buffer, written back: nothing changes.
