@@ -12,7 +12,12 @@ fresh interpreter per constant pipeline. Per example:
 
 - **step time**: per-step medians over interleaved rounds (the original's and the
   frozen step's batches alternating in shuffled order, each batch waited for), and
-  the median of the per-round ratios frozen / original;
+  the median of the per-round ratios frozen / original; all of it in three fresh
+  processes per pipeline, the row's ratio the median of the three, with the lowest
+  and highest beside it. One process is not enough: the same code's ratio moved
+  from 1.01x to 1.10x between three processes, and its step times by 1.6x (buffer
+  placement and thread scheduling are a process's own), where rounds within one
+  process agree;
 - **live device bytes of the frozen part** after the steps, each run alone in the
   process: the distinct device buffers (`jax.live_arrays()`, by address) holding the
   pretrained part's data, whoever holds them;
@@ -38,6 +43,7 @@ import importlib
 import json
 import pathlib
 import re
+import statistics
 import sys
 import time
 import warnings
@@ -233,9 +239,33 @@ def _worker(quick: bool) -> None:
     print(json.dumps({"rows": _rows(quick), "jax": jax.__version__, "frameworks": versions}))
 
 
+# Fresh processes per pipeline (`main`): a row's ratio is the median of theirs.
+PROCESSES = 3
+
+
+def merged(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One pipeline's rows from several processes' rows: the first process's observations
+    (bytes and warnings, the same in every process), step times and the ratio as the median
+    over the processes, and each process's ratio (`ratios`)."""
+    rows = []
+    for same in zip(*runs, strict=True):
+        row = dict(same[0])
+        if all("ratio" in r for r in same):
+            for key in ("original_us", "frozen_us", "ratio"):
+                row[key] = statistics.median(r[key] for r in same)
+            row["ratios"] = [r["ratio"] for r in same]
+        rows.append(row)
+    return rows
+
+
 def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
     value = row.get(key)
     return "n/a" if value is None else format(value, fmt)
+
+
+def _span(row: dict[str, Any]) -> str:
+    ratios = row.get("ratios", [])
+    return f" ({min(ratios):.2f} to {max(ratios):.2f})" if len(ratios) > 1 else ""
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -251,7 +281,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             lines.append(f"| {row['example']} | {row['error']} |  |  |  |  |  |  |")
             continue
         lines.append(
-            f"| {row['example']} | {row['original_us']:.0f} | {row['frozen_us']:.0f} | {row['ratio']:.2f}x "
+            f"| {row['example']} | {row['original_us']:.0f} | {row['frozen_us']:.0f} "
+            f"| {row['ratio']:.2f}x{_span(row)} "
             f"| {row['original_live_bytes']:,} → {row['frozen_live_bytes']:,} "
             f"| {_cell(row, 'original_result_bytes', ',d')} → {_cell(row, 'frozen_result_bytes', ',d')} "
             f"| {_cell(row, 'original_program_bytes', ',d')} → {_cell(row, 'frozen_program_bytes', ',d')} "
@@ -266,12 +297,16 @@ def main(quick: bool, docs: pathlib.Path) -> None:
 
     results = {}
     for pipeline, flag in (("default", None), ("simplified", "1")):
-        results[pipeline] = run_worker(
-            "benchmarks.finetune",
-            ["--quick"] if quick else [],
-            f"finetune ({pipeline})",
-            env=pipeline_env(flag),
-        )
+        runs = [
+            run_worker(
+                "benchmarks.finetune",
+                ["--quick"] if quick else [],
+                f"finetune ({pipeline}, process {i + 1})",
+                env=pipeline_env(flag),
+            )
+            for i in range(1 if quick else PROCESSES)
+        ]
+        results[pipeline] = {**runs[0], "rows": merged([run["rows"] for run in runs]), "processes": len(runs)}
     env = environment()
     frameworks = next(iter(results.values()))["frameworks"]
     lines = [
@@ -284,7 +319,9 @@ def main(quick: bool, docs: pathlib.Path) -> None:
         "",
         "Each example as its project wrote it (original) and with its one line making the "
         "pretrained part FrozenConsts (frozen), `examples/finetune/`. Step times: medians of "
-        "interleaved rounds; the ratio is the median of per-round ratios. Live bytes: distinct "
+        "interleaved rounds; a process's ratio is the median of its per-round ratios, and each "
+        f"pipeline ran in {1 if quick else PROCESSES} fresh process(es): step times and the ratio "
+        "are the median over them, in brackets the lowest and highest process's ratio. Live bytes: distinct "
         "device buffers holding the pretrained part's data after 3 steps, each run alone. "
         "Result bytes: the bytes of every result of the step's program, new buffers each "
         "call; where the frozen step's equal the original's, both hand back the pretrained "

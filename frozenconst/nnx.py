@@ -57,6 +57,10 @@ _STORAGE = "_raw_value" if "_raw_value" in getattr(nnx.Variable, "__slots__", ()
 # flax 0.12 has `get_value`/`set_value`, the public read and write (`variable[...]`,
 # `variable.value`); flax 0.11 reads and writes through the `value` property.
 _HAS_SET_VALUE = hasattr(nnx.Variable, "set_value")
+# flax 0.12 makes every variable it rebuilds through `Variable._new` (0.11 inlines it).
+_HAS_NEW = hasattr(nnx.Variable, "_new")
+# What `Frozen._new` has flax write first: no value yet, both slots set to None.
+_FRESH: Any = object()
 
 
 class Frozen(nnx.Variable[jax.Array]):
@@ -108,6 +112,20 @@ class Frozen(nnx.Variable[jax.Array]):
     def __setitem__(self, key: Any, value: Any) -> None:
         """Refused unless `key` is `...` and `value` a `FrozenConst` (the variable's new constant)."""
         _write(self, _assignable(self, value, {"index": key}))
+
+    if _HAS_NEW:
+
+        @classmethod
+        def _new(cls, value: Any, metadata: dict[str, Any]) -> Any:
+            """flax's own, on a variable whose slots are set before its value is written.
+
+            flax makes a variable with `object.__new__` on each pytree rebuild (a jitted
+            step's outputs, `nnx.merge`) and writes its value at once, through `_write`,
+            which reads the slots first: unset, that read raised and caught an error, 1.2 us
+            of the 2.1 us a rebuilt `Frozen` took over a rebuilt `nnx.Param` (issue #36)."""
+            variable: Any = super()._new(_FRESH, metadata)
+            _write(variable, value)
+            return variable
 
     # `copy.copy` and `copy.deepcopy` look these up by name, and a Variable hands a name it
     # lacks to its value (`Variable.__getattr__`): without them a copy of a variable would
@@ -169,6 +187,10 @@ def _concrete(value: object) -> bool:
 
 
 def _write(variable: Frozen, value: Any) -> None:
+    if value is _FRESH:
+        _CONST.__set__(variable, None)
+        _HELD.__set__(variable, None)
+        return
     const: FrozenConst | None = None
     if isinstance(value, FrozenConst):
         leaf = derived_leaf(value)
