@@ -16,8 +16,7 @@ fresh interpreter per constant pipeline. Per example:
   processes per pipeline, the row's ratio the median of the three, with the lowest
   and highest beside it. One process is not enough: the same code's ratio moved
   from 1.01x to 1.10x between three processes, and its step times by 1.6x (buffer
-  placement and thread scheduling are a process's own), where rounds within one
-  process agree;
+  placement and thread scheduling are a process's own);
 - **live device bytes of the frozen part** after the steps, each run alone in the
   process: the distinct device buffers (`jax.live_arrays()`, by address) holding the
   pretrained part's data, whoever holds them;

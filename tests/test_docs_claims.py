@@ -9,6 +9,7 @@ fail here until it says what is true again.
 import json
 import pathlib
 import re
+import statistics
 
 import pytest
 
@@ -214,6 +215,12 @@ def test_the_fine_tuning_figures_are_the_latest_runs():
     total = sum(len(rows(p)) for p in pipelines)
     assert f"{span('default')} the original's under the default pipeline and {span('simplified')}" in text
     assert f"({within} of {total} within 1.10x;" in text
+    # Each row the median of its processes' ratios, and the spread the docs quote.
+    (processes,) = {pipelines[p]["processes"] for p in pipelines}
+    for row in (r for p in pipelines for r in rows(p)):
+        assert len(row["ratios"]) == processes and row["ratio"] == statistics.median(row["ratios"])
+    spread = max(max(r["ratios"]) - min(r["ratios"]) for p in pipelines for r in rows(p))
+    assert f"median of {processes} fresh processes: one process's ratio moves by up to {spread:.2f}x" in text
     # The memory claims: never more live bytes for the frozen part, the same result bytes.
     everything = [r for p in pipelines for r in rows(p)]
     assert all(r["frozen_live_bytes"] <= r["original_live_bytes"] for r in everything)
