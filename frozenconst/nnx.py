@@ -161,8 +161,9 @@ _HELD = Frozen.__dict__["_frozenconst_held"]
 
 
 def _const_of(variable: Frozen) -> FrozenConst | None:
-    # A variable flax made with `object.__new__` (unflattening, `from_metadata`)
-    # has no slot set before its first write.
+    # A variable made with `object.__new__` has no slot set before its first write: flax
+    # 0.11's rebuilds, an unpickled one. flax 0.12 rebuilds through `Frozen._new`, which
+    # sets them first.
     try:
         const: FrozenConst | None = _CONST.__get__(variable)
     except AttributeError:
@@ -199,8 +200,8 @@ def _write(variable: Frozen, value: Any) -> None:
         else:
             value = leaf
     # Read once, and only where used (a constant given is written as it is): on a variable
-    # flax has just made (`Variable._new`, each pytree rebuild, a jitted step's outputs) the
-    # slot is unset, and the read raises and catches an error.
+    # just made with `object.__new__` (flax 0.11's pytree rebuilds; `Frozen._new` sets the
+    # slots first on 0.12) the slot is unset, and the read raises and catches an error.
     held = None if const is not None else _const_of(variable)
     if const is None and isinstance(value, jax.Array):
         if held is not None and value is held.__jax_array__():
