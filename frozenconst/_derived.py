@@ -192,34 +192,39 @@ def derived_of(leaf: Any, hot: Any) -> Derived:
     return derived
 
 
+# The record of every FrozenConst rebuilt around `None` (what `eqx.partition` leaves where
+# the other half holds the array): nothing about it is the copy's own, so one serves all.
+NO_LEAF = derived_of(None, None)
+
+
 class _Told:
     """What the derived-copy warning has said since Python's warning filters last changed.
 
     A call site is `(id(code), instruction)`: by the code object's id, not the object,
     because Python hashes a code object from its contents on every lookup, which cost more
     than the rest of the check; `codes` keeps each one alive, so its id is not reused.
-    `lines`: the lines of user code warned of, `(id(code), line number)`. `quiet`: the call
-    sites of JAX's tree functions that are themselves such a line (JAX rebuilds a jitted
-    step's outputs straight from the user's call). `via`: a library's call site (equinox's
-    `filter_jit`, NNX, optax) and the user's line it was reached from last, as the number
-    of frames up to it and that frame's call site. Either way a copy made there again is
-    decided by a frame read and a lookup, before any stack walk or formatting, so a step
-    rebuilding 26 constants pays for none of it (issue #35). `filters`: the list of filters
-    all were kept under; `warnings.catch_warnings` replaces that list, as Python then
-    forgets what it has shown, and so do these.
+    `lines`: the lines of user code warned of, `(id(code), line number)`. `sites`: the call
+    sites of JAX's tree functions met so far, each with the user's line it was reached from
+    last, as the number of frames up to it and that frame's call site; 0 frames where the
+    site is itself such a line (JAX rebuilds a jitted step's outputs straight from the
+    user's call), more where a library's code is between (equinox's `filter_jit`, NNX,
+    optax). Either way a copy made there again is decided by a lookup and a frame read,
+    before any stack walk or formatting, so a step rebuilding 26 constants pays for none of
+    it (issue #35). `filters`: the list of filters all were kept under;
+    `warnings.catch_warnings` replaces that list, as Python then forgets what it has shown,
+    and so do these.
     """
 
-    __slots__ = ("codes", "filters", "last", "lines", "quiet", "via")
+    __slots__ = ("codes", "filters", "last", "lines", "sites")
 
     def __init__(self) -> None:
         self.filters: object = warnings.filters
         self.lines: set[tuple[int, int]] = set()
-        self.quiet: set[tuple[int, int]] = set()
-        self.via: dict[tuple[int, int], tuple[int, tuple[int, int]]] = {}
+        self.sites: dict[tuple[int, int], tuple[int, tuple[int, int]]] = {}
         self.codes: list[types.CodeType] = []
-        # The call site last found quiet, as its code object (kept in `codes`) and
-        # instruction: a loop's copies are made there again and again, decided by two
-        # comparisons. Never the frame: that would keep its locals alive.
+        # The call site last found to be the user's line itself, as its code object (kept in
+        # `codes`) and instruction: a loop's copies are made there again and again, decided
+        # by two comparisons. Never the frame: that would keep its locals alive.
         self.last: tuple[object, int] = (None, -1)
 
 
@@ -228,34 +233,33 @@ class _Told:
 told = _Told()
 
 
-def _site(frame: types.FrameType) -> tuple[int, int]:
-    return id(frame.f_code), frame.f_lasti
-
-
 def note_derived_copy(derived: Derived, caller: types.FrameType, node: type) -> None:
     """Warn, once per line of user code, that a FrozenConst was rebuilt around a new concrete
     array, a copy that is no longer the constant. `caller` is the code that called JAX's tree
     function (a jitted function's caller, whose outputs JAX rebuilds in C++, or a library's
     `tree_map`). Called by `FrozenConst.tree_unflatten`, which inlines the first check
-    (`_Told.quiet`): the frames above this one are that method's, then `caller`'s."""
+    (`_Told.last`): the frames above this one are that method's, then `caller`'s."""
     global told
     if told.filters is not warnings.filters:
         told = _Told()
-    site = _site(caller)
-    if site in told.quiet:
-        told.last = (caller.f_code, caller.f_lasti)
-        return
-    known = told.via.get(site)
+    code, lasti = caller.f_code, caller.f_lasti
+    site = (id(code), lasti)
+    known = told.sites.get(site)
     if known is not None:
         depth, user_site = known
+        if not depth:
+            told.last = (code, lasti)
+            return
         try:
-            if _site(frame_at(2 + depth)) == user_site:  # this frame, `tree_unflatten`'s, then `caller`'s
-                return
+            user = frame_at(2 + depth)  # this frame, `tree_unflatten`'s, then `caller`'s
         except ValueError:
             # The stack is shallower than where this site was reached from before (module-level
             # code calling `jax.tree_util.tree_map` itself, a site first met through
             # `jax.tree.map` in a function): another user line, told below.
             pass
+        else:
+            if user.f_lasti == user_site[1] and id(user.f_code) == user_site[0]:
+                return
     _tell(told, caller, site, derived, node)
 
 
@@ -271,10 +275,8 @@ def _tell(told: _Told, caller: types.FrameType, site: tuple[int, int], derived: 
         frame, depth = frame.f_back, depth + 1
     user = caller if frame is None else frame
     if user is caller:
-        library = "jit"  # no Python frame between: JAX's jit rebuilt its outputs in C++
-        told.quiet.add(site)
-    else:
-        told.via[site] = (depth, _site(user))
+        library, depth = "jit", 0  # no Python frame between: JAX's jit rebuilt its outputs in C++
+    told.sites[site] = (depth, (id(user.f_code), user.f_lasti))
     told.codes += (caller.f_code, user.f_code)
     line = (id(user.f_code), user.f_lineno)
     if line in told.lines:

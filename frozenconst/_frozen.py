@@ -24,8 +24,9 @@ from ._compat import (
     register_array_type,
     top_level,
 )
-from ._derived import Derived, derived_of, note_derived_copy
+from ._derived import NO_LEAF, Derived, derived_of, note_derived_copy
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
+from ._hoisting import next_serial
 from ._host import HostMemory, frozen_copy, host_memory_choice
 from ._partial import as_shape, from_callback, from_source, lazily_sliceable, spans_processes
 from ._stats import ConstStats, const_stats
@@ -282,13 +283,36 @@ class FrozenConst(_StaticBase):
                     owner = store.sharding_of(leaf)
                     if owner is not None:
                         return cls._of(*owner)
-            # A new concrete array: a copy.
-            derived = derived_of(leaf, leaf)
+            # A new concrete array: a copy. `derived_of`, inlined.
+            derived = Derived()
+            hot: Any = leaf  # an `ArrayImpl` (`type(leaf) is ArrayImpl` narrows it to `object`)
+            derived.leaf = derived.hot = hot
+            derived.copy_store = None
+            derived.serial = next_serial()
+            derived.hits = 0
             caller = frame_at(1)  # the code that called JAX's tree function
             told = _derived.told
             code, lasti = told.last
             if caller.f_code is not code or caller.f_lasti != lasti or told.filters is not warnings.filters:
-                note_derived_copy(derived, caller, cls)
+                known = told.sites.get((id(caller.f_code), caller.f_lasti))
+                if known is None or not known[0] or told.filters is not warnings.filters:
+                    note_derived_copy(derived, caller, cls)
+                else:
+                    # A site reached through a library's code (equinox's `filter_jit` rebuilding
+                    # its outputs, `eqx.combine`'s `tree_map`: four copies per step of #36's
+                    # equinox example), decided where the user's line it was reached from
+                    # last is the one reaching it now: `note_derived_copy`'s check, inlined.
+                    depth, (user_code, user_lasti) = known
+                    try:
+                        user = frame_at(1 + depth)
+                    except ValueError:  # a shallower stack: another line, which that call tells
+                        user = None
+                    if user is None or user.f_lasti != user_lasti or id(user.f_code) != user_code:
+                        note_derived_copy(derived, caller, cls)
+        elif leaf is None:
+            # The placeholder `eqx.partition` leaves in the half without arrays (equinox's
+            # `filter_jit` makes one per constant per call, #36): one shared record.
+            derived = NO_LEAF
         else:
             if isinstance(leaf, DIFFERENTIATED):
                 # A constant to autodiff: the value without its tangent (where JAX's

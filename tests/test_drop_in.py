@@ -415,6 +415,24 @@ def test_a_copy_made_from_a_shallower_stack_than_before_is_told_not_a_crash():
     assert rc == 0 and "rebuilt FrozenConst 2.0 lines [7, 11]" in out, out
 
 
+def test_a_library_site_reached_from_two_lines_in_turn_tells_each_line_once():
+    # One call site in JAX's `tree_map` (library code between it and the user, as equinox's
+    # `combine` or its `filter_jit` are), reached in turn from two lines of user code: a copy
+    # made there is decided without a stack walk where the line is the one told last there,
+    # and each line is told once, however the two alternate.
+    c = table((3, 3))
+    lines = []
+    with recorded() as caught:
+        for _ in range(3):
+            lines.append(sys._getframe().f_lineno + 1)
+            first = jax.tree.map(lambda x: x + 1, [c, c])
+            lines.append(sys._getframe().f_lineno + 1)
+            second = jax.tree.map(lambda x: x * 2, [c])
+    assert len(lines) == 6 and sorted(w.lineno for w in caught) == sorted(set(lines))
+    assert all(w.filename == __file__ and "the tree rebuilt there holds" in str(w.message) for w in caught)
+    assert isinstance(first[1], FrozenConst) and float(second[0][0, 0]) == float(c[0, 0]) * 2
+
+
 def test_one_message_for_a_line_that_copies_many_constants():
     optax = pytest.importorskip("optax")
     params = _frozen_params(8)  # eight shapes
