@@ -192,9 +192,22 @@ def derived_of(leaf: Any, hot: Any) -> Derived:
     return derived
 
 
-# The record of every FrozenConst rebuilt around `None` (what `eqx.partition` leaves where
-# the other half holds the array): nothing about it is the copy's own, so one serves all.
-NO_LEAF = derived_of(None, None)
+class _NoLeaf(Derived):
+    """The record of every FrozenConst rebuilt around `None`, what `eqx.partition` leaves
+    where the other half holds the array (equinox's `filter_jit` makes one per frozen
+    array per call, issue #36, and flattens it again): nothing about it is a copy's own,
+    so one serves all."""
+
+    __slots__ = ()
+
+    def array(self, sharding: Sharding | None = None, traced: bool = True) -> Any:
+        """None, the leaf: no array to look for (`Derived.array`'s `isinstance` checks)."""
+        return None
+
+
+NO_LEAF = _NoLeaf()
+NO_LEAF.leaf = NO_LEAF.hot = NO_LEAF.copy_store = None
+NO_LEAF.serial, NO_LEAF.hits = next_serial(), 0
 
 
 class _Told:

@@ -39,7 +39,7 @@ from flax import nnx
 from flax.nnx.filterlib import Filter
 
 from ._cache import owner_of
-from ._compat import Tracer
+from ._compat import ArrayImpl, Tracer
 from ._errors import FrozenConstTypeError, FrozenConstValueError
 from ._frozen import FrozenConst, derived_leaf
 
@@ -124,6 +124,17 @@ class Frozen(nnx.Variable[jax.Array]):
             which reads the slots first: unset, that read raised and caught an error, 1.2 us
             of the 2.1 us a rebuilt `Frozen` took over a rebuilt `nnx.Param` (issue #36)."""
             variable: Any = super()._new(_FRESH, metadata)
+            if type(value) is ArrayImpl:
+                # `_write` on a new variable given a concrete array, inlined: a step's
+                # outputs rebuilt (the NNX performance guide's functional loop rebuilds
+                # every variable per step, #36). The constant where the array is its
+                # own buffer, else the copy as written.
+                owner = owner_of(value)
+                if owner is None:
+                    _HELD.__set__(variable, value)
+                else:
+                    _CONST.__set__(variable, FrozenConst._of(*owner))  # pyright: ignore[reportPrivateUsage]
+                return variable
             _write(variable, value)
             return variable
 
@@ -172,15 +183,16 @@ def _const_of(variable: Frozen) -> FrozenConst | None:
 
 
 def _read(variable: Frozen) -> Any:
-    const = _const_of(variable)
+    # `_const_of`, inlined: flax reads the value on every flatten of the variable.
+    try:
+        const: FrozenConst | None = _CONST.__get__(variable)
+    except AttributeError:  # unset (see `_const_of`): no value written yet
+        return None
     if const is not None:
         # The cached device buffer: the one a hit returns, a frozenconst.jit parameter
         # while one traces, transferred again if it was deleted.
         return const.__jax_array__()
-    try:
-        return _HELD.__get__(variable)
-    except AttributeError:
-        return None
+    return _HELD.__get__(variable)  # set with `_CONST`, always (`_write`)
 
 
 def _concrete(value: object) -> bool:
