@@ -28,11 +28,13 @@ fresh interpreter per constant pipeline. Per example:
 - **program bytes** (`.lower(...).as_text()`), and the **warnings** the frozen run
   recorded (calls, distinct lines of user code, longest message).
 
-Two comparison rows beside the examples as written: the equinox step with the one
+Three comparison rows beside the examples as written: the equinox step with the one
 line compiled by `frozenconst.filter_jit` instead of `eqx.filter_jit`, against the
-original as written; and the captioning step, original and frozen, both under
-`nnx.jit(graph_updates=False)` (flax 0.12 and later: NNX returns only the variables
-a step changed).
+original as written; the equinox step with the least array type that is a pytree
+node (one slot, a Python flatten and unflatten: `benchmarks.training`'s floor) where
+the line puts FrozenConst, the floor of any such type in that step; and the
+captioning step, original and frozen, both under `nnx.jit(graph_updates=False)`
+(flax 0.12 and later: NNX returns only the variables a step changed).
 """
 
 from __future__ import annotations
@@ -68,6 +70,12 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
         "eqx_frozen_layer",
         {},
         {"jit": "filter_jit"},
+    ),
+    (
+        "(compare) equinox, a one-slot pytree type where the line puts FrozenConst (the floor)",
+        "eqx_frozen_layer",
+        {},
+        {"constant": "one-slot"},
     ),
     (
         "(compare) captioning, both under `nnx.jit(graph_updates=False)`",
@@ -106,6 +114,10 @@ def _arguments(module: str, common: dict[str, Any], own: dict[str, Any], quick: 
         import frozenconst
 
         out["jit"] = frozenconst.filter_jit
+    if out.get("constant") == "one-slot":
+        from .training import one_slot
+
+        out["constant"] = one_slot()
     return out
 
 

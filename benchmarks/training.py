@@ -325,6 +325,22 @@ class _OneSlot:
         return self.array
 
 
+_one_slot_registered = False
+
+
+def one_slot() -> type[_OneSlot]:
+    """The one-slot type, a pytree node from the first call on (JAX refuses a type registered
+    twice): this section's floor, and the fine-tuning section's (`benchmarks.finetune`)."""
+    global _one_slot_registered
+    import jax
+
+    if not _one_slot_registered:
+        register = jax.tree_util.register_pytree_node
+        register(_OneSlot, lambda c: ((c.array,), None), lambda _, ch: _OneSlot(ch[0]))
+        _one_slot_registered = True
+    return _OneSlot
+
+
 def _derived_rows(quick: bool) -> list[dict[str, Any]]:
     """A jitted optax step over a params dict holding 26 small constants, which it returns (so
     each comes back as a derived copy every step, issue #35): FrozenConsts against the same
@@ -335,7 +351,7 @@ def _derived_rows(quick: bool) -> list[dict[str, Any]]:
 
     import frozenconst
 
-    jax.tree_util.register_pytree_node(_OneSlot, lambda c: ((c.array,), None), lambda _, ch: _OneSlot(ch[0]))
+    one_slot()
     rng = np.random.default_rng(0)
     data = {f"c{i}": rng.standard_normal((8 + i % 5, 4 + i % 3)).astype(np.float32) for i in range(26)}
 

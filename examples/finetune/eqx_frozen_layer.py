@@ -13,7 +13,9 @@ The one line (`freeze=True`), where the notebook sets up its model (Step 1):
     model = eqx.tree_at(lambda m: m.layers[0], model, jax.tree.map(frozenconst.FrozenConst, model.layers[0]))
 
 `build(..., jit=frozenconst.filter_jit)` runs the same step under
-`frozenconst.filter_jit` instead (a comparison, not the example as written).
+`frozenconst.filter_jit` instead, and `build(..., constant=T)` puts `T` where the
+line puts `FrozenConst` (`python -m benchmarks finetune` passes the least pytree
+array type, its floor): comparisons, not the example as written.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def build(
     depth: int = 1,
     seed: int = 5678,
     jit: Callable[..., Any] = eqx.filter_jit,
+    constant: Callable[[Any], Any] | None = None,
 ) -> Run:
     """The notebook's `main` up to its loop; `freeze=True` adds the one line."""
     data_key, loader_key, model_key = jrandom.split(jrandom.PRNGKey(seed), 3)
@@ -79,7 +82,10 @@ def build(
 
     # Step 1
     model = eqx.nn.MLP(in_size=1, out_size=1, width_size=width_size, depth=depth, key=model_key)
-    if freeze:
+    if freeze and constant is not None:
+        # A comparison: another type where the one line below puts FrozenConst.
+        model = eqx.tree_at(lambda m: m.layers[0], model, jax.tree.map(constant, model.layers[0]))
+    elif freeze:
         # the one line:
         model = eqx.tree_at(
             lambda m: m.layers[0], model, jax.tree.map(frozenconst.FrozenConst, model.layers[0])
