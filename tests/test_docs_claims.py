@@ -228,6 +228,19 @@ def test_the_fine_tuning_figures_are_the_latest_runs():
     assert "equal to or below the original's in every row" in text
     (eqx,) = [r for r in rows("default", compare=True) if "filter_jit" in r["example"]]
     assert f"under `frozenconst.filter_jit` the equinox step is {eqx['ratio']:.2f}x the original's" in text
+    # The equinox step's floor, the one-slot type in the constants' place, beside FrozenConst's.
+    floor, ours = (
+        {p: r["ratio"] for p in pipelines for r in rows(p, compare) if r["example"].startswith(start)}
+        for compare, start in (
+            (True, "(compare) equinox, a one-slot pytree type"),
+            (False, "equinox frozen layer"),
+        )
+    )
+    assert (
+        f"the same step is {floor['default']:.3f}x the original's (default pipeline) and "
+        f"{floor['simplified']:.3f}x (simplified), where FrozenConst's is {ours['default']:.3f}x and "
+        f"{ours['simplified']:.3f}x"
+    ) in text
 
 
 def test_the_derived_copy_figures_are_the_latest_training_runs():
