@@ -325,19 +325,13 @@ class _OneSlot:
         return self.array
 
 
-_one_slot_registered = False
-
-
+@functools.cache
 def one_slot() -> type[_OneSlot]:
-    """The one-slot type, a pytree node from the first call on (JAX refuses a type registered
-    twice): this section's floor, and the fine-tuning section's (`benchmarks.finetune`)."""
-    global _one_slot_registered
+    """The one-slot type, a pytree node from the first call on (registered once: JAX refuses a
+    type registered twice): this section's floor, and the fine-tuning section's."""
     import jax
 
-    if not _one_slot_registered:
-        register = jax.tree_util.register_pytree_node
-        register(_OneSlot, lambda c: ((c.array,), None), lambda _, ch: _OneSlot(ch[0]))
-        _one_slot_registered = True
+    jax.tree_util.register_pytree_node(_OneSlot, lambda c: ((c.array,), None), lambda _, ch: _OneSlot(ch[0]))
     return _OneSlot
 
 

@@ -27,7 +27,7 @@ from numpy.typing import DTypeLike
 
 from . import _hoisting
 from ._cache import Store
-from ._compat import Tracer, frame_at, library_of
+from ._compat import Tracer, library_of
 from ._convert import to_numpy
 from ._errors import FrozenConstTypeError, FrozenConstWarning
 from ._hoisting import next_serial
@@ -242,7 +242,7 @@ class _Told:
 
 
 # Rebound (a fresh `_Told`) where the filters changed; `FrozenConst.tree_unflatten` reads it
-# through this module, for the first check of `note_derived_copy`, inlined.
+# through this module, for its checks before `note_derived_copy`.
 told = _Told()
 
 
@@ -250,34 +250,17 @@ def note_derived_copy(derived: Derived, caller: types.FrameType, node: type) -> 
     """Warn, once per line of user code, that a FrozenConst was rebuilt around a new concrete
     array, a copy that is no longer the constant. `caller` is the code that called JAX's tree
     function (a jitted function's caller, whose outputs JAX rebuilds in C++, or a library's
-    `tree_map`). Called by `FrozenConst.tree_unflatten`, which inlines the first check
-    (`_Told.last`): the frames above this one are that method's, then `caller`'s."""
+    `tree_map`). Called by `FrozenConst.tree_unflatten` where its checks of `told` (inlined
+    there: `_Told.last`, then `_Told.sites`) did not decide the copy, or the filters changed."""
     global told
     if told.filters is not warnings.filters:
         told = _Told()
-    code, lasti = caller.f_code, caller.f_lasti
-    site = (id(code), lasti)
-    known = told.sites.get(site)
-    if known is not None:
-        depth, user_site = known
-        if not depth:
-            told.last = (code, lasti)
-            return
-        try:
-            user = frame_at(2 + depth)  # this frame, `tree_unflatten`'s, then `caller`'s
-        except ValueError:
-            # The stack is shallower than where this site was reached from before (module-level
-            # code calling `jax.tree_util.tree_map` itself, a site first met through
-            # `jax.tree.map` in a function): another user line, told below.
-            pass
-        else:
-            if user.f_lasti == user_site[1] and id(user.f_code) == user_site[0]:
-                return
-    _tell(told, caller, site, derived, node)
+    _tell(told, caller, (id(caller.f_code), caller.f_lasti), derived, node)
 
 
 def _tell(told: _Told, caller: types.FrameType, site: tuple[int, int], derived: Derived, node: type) -> None:
-    """The slow half of `note_derived_copy`: find the user's line, and warn if it is new."""
+    """Find the user's line above `caller`, note where `site` was reached from, and warn if
+    the line is new."""
     frame: types.FrameType | None = caller
     library, depth = "", 0
     while frame is not None and (found := library_of(frame)):

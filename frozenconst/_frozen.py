@@ -263,7 +263,7 @@ class FrozenConst(_StaticBase):
         (docs/training.md, "What each idiom does").
         """
         (leaf,) = children
-        # `owner_of`, `note_derived_copy`'s first check and `_of`, inlined, and a concrete
+        # `owner_of`, the derived-copy warning's checks and `_of`, inlined, and a concrete
         # array's case first: a jitted step returning many FrozenConsts rebuilds each one per
         # call, and each call here was a measurable part of it (issue #35, `python -m
         # benchmarks training`, derived copies; eqx partition/combine, NNX split/merge: #36).
@@ -295,17 +295,22 @@ class FrozenConst(_StaticBase):
             code, lasti = told.last
             if caller.f_code is not code or caller.f_lasti != lasti or told.filters is not warnings.filters:
                 known = told.sites.get((id(caller.f_code), caller.f_lasti))
-                if known is None or not known[0] or told.filters is not warnings.filters:
+                if known is None or told.filters is not warnings.filters:
                     note_derived_copy(derived, caller, cls)
+                elif not known[0]:
+                    told.last = (caller.f_code, caller.f_lasti)  # the user's own line, told before
                 else:
                     # A site reached through a library's code (equinox's `filter_jit` rebuilding
                     # its outputs, `eqx.combine`'s `tree_map`: four copies per step of #36's
                     # equinox example), decided where the user's line it was reached from
-                    # last is the one reaching it now: `note_derived_copy`'s check, inlined.
+                    # last is the one reaching it now.
                     depth, (user_code, user_lasti) = known
                     try:
-                        user = frame_at(1 + depth)
-                    except ValueError:  # a shallower stack: another line, which that call tells
+                        user = frame_at(1 + depth)  # this frame, then `caller`'s, then up
+                    except ValueError:
+                        # The stack is shallower than where this site was reached from before
+                        # (module-level code calling `jax.tree_util.tree_map` itself, a site
+                        # first met through `jax.tree.map` in a function): another user line.
                         user = None
                     if user is None or user.f_lasti != user_lasti or id(user.f_code) != user_code:
                         note_derived_copy(derived, caller, cls)
