@@ -16,7 +16,8 @@
     python -m benchmarks accelerator     # device memory, mutation, first transfer per host-memory
                                          # choice, per call, cache hits (`make gpu`; not part of "all":
                                          # its files are the accelerator's); --small: a CPU smoke run
-    python -m benchmarks --quick         # smaller sweeps (a smoke run)
+    python -m benchmarks --quick         # smaller sweeps (a smoke run), written into a new
+                                         # temporary folder: docs/results keeps the full run's
     python -m benchmarks SECTION --out DIR   # write that section's files into DIR, not docs/results
 
 Every figure is a ratio to a baseline measured in the same run: the constant
@@ -51,9 +52,7 @@ from . import (
     static_slices,
     training,
 )
-
-# Generated output (tables, JSON, plots), apart from the hand-written pages.
-DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
+from ._harness import DOCS, results_folder
 
 
 def _median_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -208,8 +207,7 @@ def main() -> None:
     parser.add_argument(
         "--out",
         type=pathlib.Path,
-        default=DOCS,
-        help="write the results into this folder (default: docs/results)",
+        help="write the results into this folder (default: docs/results; --quick: a new temp folder)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="seed runs per configuration (median)")
     parser.add_argument(
@@ -223,7 +221,7 @@ def main() -> None:
         parser.error("a revision goes with the compare section, and only with it: compare REV")
     if args.small and args.section != "accelerator":
         parser.error("--small goes with the accelerator section; the others take --quick")
-    docs = args.out
+    docs = results_folder(args.quick, args.out)
     docs.mkdir(parents=True, exist_ok=True)  # a new --out folder: made before an hour of measuring
     limit = int(args.rss_limit_gib * 2**30) if args.rss_limit_gib else None
     sections: dict[str, Callable[[], object]] = {

@@ -12,9 +12,26 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+
+# Generated output (tables, JSON, plots), apart from the hand-written pages.
+DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
+
+
+def results_folder(quick: bool, out: pathlib.Path | None = None) -> pathlib.Path:
+    """Where a run writes its files: `out` if given, else docs/results, except that a
+    smoke run (`--quick`) gets a new temporary folder, so its figures never replace the
+    published ones the docs quote (checked by tests/test_docs_claims.py)."""
+    if out is not None:
+        return out
+    if not quick:
+        return DOCS
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="frozenconst-quick-"))
+    print(f"a smoke run: results go to {folder}, docs/results keeps the full run's")
+    return folder
 
 
 def cpu_model() -> str:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ._harness import _block, pipeline_env, run_worker
+from ._harness import _block, pipeline_env, results_folder, run_worker
 
 VARIANTS = {
     "jax.jit, closure": "jax.jit, the constants closed over (jax.Arrays)",
@@ -332,6 +332,4 @@ if __name__ == "__main__":  # pragma: no cover
         _worker(sys.argv[2])
         sys.stdout.flush()
         os._exit(0)
-    import pathlib
-
-    main("--quick" in sys.argv, pathlib.Path(__file__).resolve().parent.parent / "docs" / "results")
+    main("--quick" in sys.argv, results_folder("--quick" in sys.argv))

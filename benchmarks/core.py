@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ._harness import ab_ratio, copy_at
+from ._harness import ab_ratio, copy_at, results_folder
 
 MIB = 1 << 20
 
@@ -796,5 +796,5 @@ def render(docs: pathlib.Path, quick: bool = False) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main("--quick" in sys.argv, pathlib.Path(__file__).resolve().parent.parent / "docs" / "results")
+    main("--quick" in sys.argv, results_folder("--quick" in sys.argv))
     os._exit(0)

@@ -204,4 +204,6 @@ if __name__ == "__main__":
         port, pid, count, path, variant = sys.argv[2:7]
         _worker(int(port), int(pid), int(count), path, variant)
     else:
-        main("--quick" in sys.argv, pathlib.Path(__file__).resolve().parent.parent / "docs" / "results")
+        from ._harness import results_folder
+
+        main("--quick" in sys.argv, results_folder("--quick" in sys.argv))

@@ -125,3 +125,22 @@ def test_the_whisper_stand_in_behind_the_docs_figures_shows_what_they_say():
     if head.returncode == 0:
         commit = stamp["frozenconst"].split(" at ")[1]
         assert commit.removesuffix("-dirty") == head.stdout.strip(), stamp
+
+
+@pytest.mark.subprocess
+def test_a_smoke_run_leaves_the_published_results_alone(tmp_path):
+    # `--quick` is a smoke run: its figures go to a folder of their own, never over the
+    # docs/results files that the docs quote and tests/test_docs_claims.py checks.
+    results = ROOT / "docs" / "results"
+    before = {p.name: p.read_bytes() for p in results.iterdir()}
+    env = subprocess_env()
+    env["TMPDIR"] = str(tmp_path)  # where `tempfile.mkdtemp` makes the smoke run's folder
+    code, out = run_bounded(
+        [sys.executable, "-m", "benchmarks", "static-slices", "--quick"], env=env, cwd=ROOT
+    )
+    assert code == 0, out
+    assert {p.name: p.read_bytes() for p in results.iterdir()} == before
+    (folder,) = tmp_path.glob("frozenconst-quick-*")
+    assert str(folder) in out
+    written = json.loads((folder / "static-slices-results.json").read_text())
+    assert {r["variant"] for r in written["rows"]} >= {"numpy", "FrozenConst", "frozenconst.jit"}
