@@ -8,6 +8,7 @@ program, and under JAX's default pipeline the whole table is embedded:
 """
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -131,6 +132,17 @@ def test_the_whisper_stand_in_behind_the_docs_figures_shows_what_they_say():
 def test_a_smoke_run_leaves_the_published_results_alone(tmp_path):
     # `--quick` is a smoke run: its figures go to a folder of their own, never over the
     # docs/results files that the docs quote and tests/test_docs_claims.py checks.
+    # The section measures both pipelines, the NumPy original's program included, which
+    # jax 0.7 to 0.9 cannot lower under the simplified one: `helpers.raw_numpy_lowers`,
+    # asked in a process of that pipeline.
+    env = subprocess_env()
+    env["JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env["PYTHONPATH"]])
+    probe = "import sys, helpers; sys.exit(0 if helpers.raw_numpy_lowers() else 3)"
+    code, out = run_bounded([sys.executable, "-c", probe], env=env, cwd=ROOT)
+    assert code in (0, 3), out
+    if code == 3:
+        pytest.skip("this JAX cannot lower a NumPy closure under the simplified pipeline (jax 0.7 to 0.9)")
     results = ROOT / "docs" / "results"
     before = {p.name: p.read_bytes() for p in results.iterdir()}
     env = subprocess_env()
