@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import seed, seed_real
-from ._harness import copy_at, pipeline_env, run_worker
+from ._harness import DOCS, copy_at, pipeline_env, run_worker
 from ._harness import environment as _stamp
 
 MIB = 1 << 20
@@ -833,7 +833,7 @@ if __name__ == "__main__":  # pragma: no cover
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--small", action="store_true", help="small sizes (a CPU smoke run)")
-    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "docs" / "results", help="where to write")
+    parser.add_argument("--out", type=pathlib.Path, default=DOCS, help="where to write")
     parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from . import seed
-from ._harness import environment, pipeline_env
+from ._harness import DOCS, environment, pipeline_env
 
 LAYERS, MIB = 160, 64.0
 QUICK_LAYERS, QUICK_MIB = 40, 16.0
@@ -434,7 +434,7 @@ def _cli() -> None:
             with open(args.json, "w") as f:
                 json.dump({"row": row, "table": text}, f, indent=1)
     else:
-        main(False, pathlib.Path(__file__).resolve().parent.parent / "docs" / "results", args.rss_limit_bytes)
+        main(False, DOCS, args.rss_limit_bytes)
 
 
 if __name__ == "__main__":

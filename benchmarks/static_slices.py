@@ -38,7 +38,7 @@ import pathlib
 import sys
 from typing import Any
 
-from ._harness import environment, pipeline_env, run_worker
+from ._harness import DOCS, environment, pipeline_env, run_worker
 
 N_VOCAB, N_CTX, WIDTH, HEADS, LAYERS, AUDIO_CTX = 51865, 448, 384, 6, 4, 1500
 TOKENS = 7  # query and key length: a prompt of 7 tokens, decoded without a cache
@@ -210,4 +210,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
         print(json.dumps({"rows": measure(), "environment": environment()}))
     else:
-        main(pathlib.Path(__file__).resolve().parent.parent / "docs" / "results")
+        main(DOCS)
