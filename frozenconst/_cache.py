@@ -221,6 +221,8 @@ class Store:
     _pinned: jax.Array | None
     # A constant with host data (`_derived.Derived` is not).
     concrete = True
+    # What a derived value is served from (`_derived.Derived.leaf`); a constant has none.
+    leaf: None = None
     # Whether this process holds only some slices (`_partial.PartialStore`).
     partial = False
 

@@ -6,16 +6,20 @@ gradient, a mapped result, whatever `tree_map` produced), the FrozenConst it
 hands back holds a `Derived` where a constant holds its `_cache.Store`. It keeps
 the type, so code written against FrozenConst runs unchanged (as JAX's `Tracer`
 stands where a `jax.Array` stood), but it never claims the original's host data.
+A copy made outside any trace (a jitted step's output, an optimizer's update) holds its
+`jax.Array` alone until something asks for more than the array (`FrozenConst._held`):
+a step rebuilds many, and one object each was a measurable part of it (issue #35).
 
 Why not a subclass of FrozenConst: JAX keys pytree nodes by exact type, so a
 subclass is a node of its own, and `jax.tree.map(f, model, grads)` over a model
 and its gradients would fail on the structure mismatch (tests/test_training.py).
 The handle stays one type; what it holds is one of two classes with the same
-methods, and neither the handle nor they branch on which kind it is.
+methods, reached through `FrozenConst._held`, and neither branches on which kind it is.
 """
 
 from __future__ import annotations
 
+import threading
 import types
 import warnings
 from typing import Any
@@ -33,6 +37,9 @@ from ._errors import FrozenConstTypeError, FrozenConstWarning
 from ._hoisting import next_serial
 from ._host import freeze, frozen_copy, human_bytes
 
+# Taken by a derived value making its frozen copy (`Derived.frozen`).
+_FROZEN_LOCK = threading.Lock()
+
 
 class Derived:
     """A transformation's value in a FrozenConst's place: a leaf, and, on request, a frozen copy of it.
@@ -47,16 +54,37 @@ class Derived:
     never embedded in it.
     """
 
-    __slots__ = ("__weakref__", "copy_store", "hits", "hot", "leaf", "serial")
+    __slots__ = ("__weakref__", "copy_store", "leaf", "number")
 
     concrete = False
 
-    # Each set by `derived_of`, the one way a `Derived` is made.
+    # A derived value is served from `leaf` (`FrozenConst.tree_flatten` and `__jax_array__`
+    # read it inline), never from a store's cache slot (`Store.hot`): that hit checks what a
+    # cached buffer can lose (a `jax.default_device`, deletion), which a leaf, used as it
+    # is, never needs. Only `leaf` is set where one is made (`derived_of`, `copy_record`);
+    # `number` where a trace is in progress then, `copy_store` where first asked for.
+    hot: None = None
     leaf: Any
-    hot: jax.Array | None
+    number: int
     copy_store: Store | None
-    serial: int
-    hits: int
+
+    @property
+    def serial(self) -> int:
+        """As a store's: `frozenconst.jit` numbers what it meets (`_hoisting.resolve`). Taken
+        where a trace is in progress; else 0, older than every trace to come."""
+        try:
+            return self.number
+        except AttributeError:
+            return 0
+
+    @property
+    def hits(self) -> int:
+        """0: a derived value holds no cache to hit."""
+        return 0
+
+    @hits.setter
+    def hits(self, value: int) -> None:
+        """Not counted (`Store.count_hits` counts a group's uses, copies among them)."""
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -88,9 +116,13 @@ class Derived:
     def frozen(self) -> Store:
         """A store of a frozen copy of the leaf, made once: no path hands out memory that
         JAX or anyone else could still write."""
-        if self.copy_store is None:
-            self.copy_store = Store(freeze(to_numpy(self.leaf, None)))
-        return self.copy_store
+        store: Store | None = getattr(self, "copy_store", None)  # unset until asked
+        if store is None:
+            with _FROZEN_LOCK:  # one copy, whichever thread asks first
+                store = getattr(self, "copy_store", None)
+                if store is None:
+                    store = self.copy_store = Store(freeze(to_numpy(self.leaf, None)))
+        return store
 
     def whole(self, what: str) -> np.ndarray[Any, Any]:
         """The frozen copy's host buffer."""
@@ -112,19 +144,7 @@ class Derived:
 
     def describe_leaf(self) -> str:
         """What the leaf is, in words, without its data: kind, dtype, shape and size."""
-        leaf = self.leaf
-        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
-        if shape is None or dtype is None:
-            return f"a `{type(leaf).__name__}`"
-        kind = (
-            "a traced value"
-            if isinstance(leaf, Tracer)
-            else "a jax.Array"
-            if isinstance(leaf, jax.Array)
-            else f"a `{type(leaf).__name__}`"
-        )
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        return f"{kind}, {np.dtype(dtype)}{list(shape)}, {human_bytes(nbytes)}"
+        return describe_leaf(self.leaf)
 
     def with_dtype(self, dtype: DTypeLike | None) -> Store:
         """The store of `FrozenConst(x, dtype)`: a frozen copy of the leaf."""
@@ -144,6 +164,22 @@ class Derived:
 
     def evict(self, sharding: Sharding | None = None) -> None:
         """Nothing to evict."""
+
+
+def describe_leaf(leaf: Any) -> str:
+    """What `leaf` is, in words, without its data: kind, dtype, shape and size."""
+    shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+    if shape is None or dtype is None:
+        return f"a `{type(leaf).__name__}`"
+    kind = (
+        "a traced value"
+        if isinstance(leaf, Tracer)
+        else "a jax.Array"
+        if isinstance(leaf, jax.Array)
+        else f"a `{type(leaf).__name__}`"
+    )
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return f"{kind}, {np.dtype(dtype)}{list(shape)}, {human_bytes(nbytes)}"
 
 
 # The advice of the derived-copy warning, by the library closest to the user's line on the
@@ -171,24 +207,24 @@ _WHO = {
 }
 
 
-def derived_of(leaf: Any, hot: Any) -> Derived:
-    """A `Derived` around `leaf`; `hot` is `leaf` where it is a concrete `ArrayImpl` (a copy),
-    else None (a tracer). `FrozenConst.tree_unflatten` makes one per copy a step rebuilds,
-    and those were a measurable part of it (issue #35): `Derived` has no `__init__`, so
-    the class call makes one without a Python frame, in half the time of `object.__new__`'s
-    wrapper (77 against 149 ns, Python 3.11)."""
+def derived_of(leaf: Any) -> Derived:
+    """A `Derived` around `leaf`, numbered where a frozenconst.jit trace is in progress
+    (`Derived.serial`). `Derived` has no `__init__`, so the class call makes one without a
+    Python frame, in half the time of `object.__new__`'s wrapper (77 against 149 ns,
+    Python 3.11)."""
     derived = Derived()
     derived.leaf = leaf
-    # As a store's (`Store.hot`), read by the cache hit `FrozenConst.tree_flatten` and
-    # `__jax_array__` inline: a concrete leaf is served from it as a constant's default
-    # buffer is, so a derived copy passed back into a jitted step costs what a constant
-    # costs (issue #35); a tracer's use is `array`'s.
-    derived.hot = hot
-    derived.copy_store = None
-    # As a store's: `frozenconst.jit` numbers what it meets (`_hoisting.resolve`),
-    # and counts the hits of what it feeds (`Store.count_hits`).
-    derived.serial = next_serial()
-    derived.hits = 0
+    if _hoisting.active:
+        derived.number = next_serial()
+    return derived
+
+
+def copy_record(leaf: Any) -> Derived:
+    """The record of a copy `FrozenConst.tree_unflatten` made while no frozenconst.jit trace
+    was in progress, made where first asked for (`FrozenConst._held`): unnumbered, as older
+    than every trace, whenever it is made."""
+    derived = Derived()
+    derived.leaf = leaf
     return derived
 
 
@@ -206,8 +242,7 @@ class _NoLeaf(Derived):
 
 
 NO_LEAF = _NoLeaf()
-NO_LEAF.leaf = NO_LEAF.hot = NO_LEAF.copy_store = None
-NO_LEAF.serial, NO_LEAF.hits = next_serial(), 0
+NO_LEAF.leaf = None
 
 
 class _Told:
@@ -246,7 +281,7 @@ class _Told:
 told = _Told()
 
 
-def note_derived_copy(derived: Derived, caller: types.FrameType, node: type) -> None:
+def note_derived_copy(leaf: Any, caller: types.FrameType, node: type) -> None:
     """Warn, once per line of user code, that a FrozenConst was rebuilt around a new concrete
     array, a copy that is no longer the constant. `caller` is the code that called JAX's tree
     function (a jitted function's caller, whose outputs JAX rebuilds in C++, or a library's
@@ -255,10 +290,10 @@ def note_derived_copy(derived: Derived, caller: types.FrameType, node: type) -> 
     global told
     if told.filters is not warnings.filters:
         told = _Told()
-    _tell(told, caller, (id(caller.f_code), caller.f_lasti), derived, node)
+    _tell(told, caller, (id(caller.f_code), caller.f_lasti), leaf, node)
 
 
-def _tell(told: _Told, caller: types.FrameType, site: tuple[int, int], derived: Derived, node: type) -> None:
+def _tell(told: _Told, caller: types.FrameType, site: tuple[int, int], leaf: Any, node: type) -> None:
     """Find the user's line above `caller`, note where `site` was reached from, and warn if
     the line is new."""
     frame: types.FrameType | None = caller
@@ -282,7 +317,7 @@ def _tell(told: _Told, caller: types.FrameType, site: tuple[int, int], derived: 
     count = _constants_rebuilt(caller, node)
     among = "" if count is None else f"; the tree rebuilt there holds {count} FrozenConst{'s' * (count != 1)}"
     warnings.warn_explicit(
-        f"{_WHO.get(library, _WHO[''])} put a copy of FrozenConst values ({derived.describe_leaf()}{among}) "
+        f"{_WHO.get(library, _WHO[''])} put a copy of FrozenConst values ({describe_leaf(leaf)}{among}) "
         "where the constant was, not the constant's own buffer: a second device buffer, and no constant (an "
         f"optimizer may change it; weight decay does). {_ADVICE.get(library, _ADVICE[''])} Said "
         'once per line (docs: "Training").',

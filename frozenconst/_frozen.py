@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -24,9 +25,8 @@ from ._compat import (
     register_array_type,
     top_level,
 )
-from ._derived import NO_LEAF, Derived, derived_of, note_derived_copy
+from ._derived import NO_LEAF, Derived, copy_record, derived_of, note_derived_copy
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
-from ._hoisting import next_serial
 from ._host import HostMemory, frozen_copy, host_memory_choice
 from ._partial import as_shape, from_callback, from_source, lazily_sliceable, spans_processes
 from ._stats import ConstStats, const_stats
@@ -35,6 +35,22 @@ from ._targets import Target, as_sharding
 # `object.__new__`, bound once: a handle is made per pytree rebuild, and the attribute lookup
 # was a measurable part of one (issue #35).
 _new = object.__new__
+
+
+class _CopyMark:
+    """The `_sharding` of a handle on a copy `FrozenConst.tree_unflatten` made: its `_store`
+    is the copy's `jax.Array` itself (`FrozenConst._held`)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "COPY"
+
+
+COPY = _CopyMark()
+# Taken by a handle making its copy's record (`FrozenConst._held`): one record per copy,
+# whichever thread asks first.
+_RECORD_LOCK = threading.Lock()
 
 # `jax.Array` methods that free or invalidate the cached buffer. Everything else
 # on `jax.Array` is offered on `FrozenConst` too, computed on the cached buffer.
@@ -101,17 +117,21 @@ class FrozenConst(_StaticBase):
         Array(15., dtype=float32)
     """
 
-    __slots__ = ("__weakref__", "_sharding", "_store")
+    __slots__ = ("__weakref__", "_record", "_sharding", "_store")
     # NumPy defers mixed operations (`np_array + x`) to us, as it does to `jax.Array`.
     __array_priority__: ClassVar[int] = 100
 
     # What the handle stands for: a constant (`_cache.Store`, or its partial kind
     # `_partial.PartialStore`), or a value a transformation derived from one
-    # (`_derived.Derived`). They answer the same calls, so no method here asks which.
+    # (`_derived.Derived`). They answer the same calls, so no method here asks which
+    # (`_held`). A copy `tree_unflatten` made (`_sharding` is `COPY`) holds its
+    # `jax.Array` here, and its `Derived` in `_record` once asked for: one object per
+    # copy, where a step rebuilds many (issue #35).
     _store: Store | Derived
     # The declared sharding every use gets (`sharding=`, `placed`); None: the
-    # default device, following `jax.default_device`.
-    _sharding: jax.sharding.Sharding | None
+    # default device, following `jax.default_device`; `COPY`: a copy (`_declared`).
+    _sharding: jax.sharding.Sharding | _CopyMark | None
+    _record: Derived
 
     def __init__(
         self,
@@ -126,8 +146,9 @@ class FrozenConst(_StaticBase):
         if isinstance(obj, FrozenConst):
             # The same store where the dtype is the same (no copy), else a frozen
             # copy, placed in host memory as any new constant is.
-            store = obj._store.with_dtype(dtype)
-            if store is not obj._store or (dtype is not None and store.weak):
+            held = obj._held()
+            store = held.with_dtype(dtype)
+            if store is not held or (dtype is not None and store.weak):
                 # (A dtype asked for makes it strongly typed, as `jnp.asarray(a, dtype)` does.)
                 store = Store(store.host, choice)
             elif host_memory is not None:
@@ -212,6 +233,27 @@ class FrozenConst(_StaticBase):
         self._store = store
         self._sharding = sharding
 
+    def _held(self) -> Store | Derived:
+        """What the handle stands for: its store, or a copy's record, made on first need (the
+        hot paths serve a copy from its array without one)."""
+        if self._sharding is not COPY:
+            return self._store
+        try:
+            return self._record
+        except AttributeError:
+            pass
+        with _RECORD_LOCK:
+            try:
+                return self._record
+            except AttributeError:
+                record = self._record = copy_record(self._store)
+                return record
+
+    def _declared(self) -> jax.sharding.Sharding | None:
+        """The declared sharding: None for a copy, as for a derived value."""
+        sharding = self._sharding
+        return None if sharding is COPY else sharding  # type: ignore[return-value]
+
     @classmethod
     def _of(cls, store: Store | Derived, sharding: jax.sharding.Sharding | None = None) -> FrozenConst:
         """A handle on `store`, every use of which gets `sharding`: no validation, no copy."""
@@ -228,7 +270,8 @@ class FrozenConst(_StaticBase):
         of the same shape and dtype, and transformations keep the type (JEP 28661).
         """
         # `__jax_array__`, inlined (see there): as a call it cost a measurable part of a hit.
-        if self._sharding is None:
+        sharding = self._sharding
+        if sharding is None:
             store = self._store
             array = store.hot
             if (
@@ -240,7 +283,16 @@ class FrozenConst(_StaticBase):
                 if STATE.accounting:
                     store.hits += 1
                 return (array,), None
-        return (self._store.array(self._sharding),), None
+            # A derived value's leaf, as `Derived.array` answers it where no frozenconst.jit
+            # trace is in progress: a copy a step rebuilt costs no more checks than this
+            # (issue #35). A store has no leaf.
+            leaf = store.leaf
+            if leaf is not None and not _hoisting.active:
+                return (leaf,), None
+        elif sharding is COPY and not _hoisting.active:
+            # A copy's own array (`_held`). `_store` is typed as a handle on a record holds it.
+            return (self._store,), None  # type: ignore[return-value]
+        return (self._held().array(self._declared()),), None
 
     def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, jax.Array]], None]:
         """As `tree_flatten`, with the leaf's key path `.value`."""
@@ -283,20 +335,14 @@ class FrozenConst(_StaticBase):
                     owner = store.sharding_of(leaf)
                     if owner is not None:
                         return cls._of(*owner)
-            # A new concrete array: a copy. `derived_of`, inlined.
-            derived = Derived()
-            hot: Any = leaf  # an `ArrayImpl` (`type(leaf) is ArrayImpl` narrows it to `object`)
-            derived.leaf = derived.hot = hot
-            derived.copy_store = None
-            derived.serial = next_serial()
-            derived.hits = 0
+            # A new concrete array: a copy.
             caller = frame_at(1)  # the code that called JAX's tree function
             told = _derived.told
             code, lasti = told.last
             if caller.f_code is not code or caller.f_lasti != lasti or told.filters is not warnings.filters:
                 known = told.sites.get((id(caller.f_code), caller.f_lasti))
                 if known is None or told.filters is not warnings.filters:
-                    note_derived_copy(derived, caller, cls)
+                    note_derived_copy(leaf, caller, cls)
                 elif not known[0]:
                     told.last = (caller.f_code, caller.f_lasti)  # the user's own line, told before
                 else:
@@ -313,11 +359,22 @@ class FrozenConst(_StaticBase):
                         # first met through `jax.tree.map` in a function): another user line.
                         user = None
                     if user is None or user.f_lasti != user_lasti or id(user.f_code) != user_code:
-                        note_derived_copy(derived, caller, cls)
+                        note_derived_copy(leaf, caller, cls)
+            handle = _new(cls)
+            if _hoisting.active:
+                # Made while a frozenconst.jit trace is in progress: numbered now
+                # (`Derived.serial`), so a record from the start.
+                handle._store = derived_of(leaf)
+                handle._sharding = None
+            else:
+                # The array itself, its record made where first asked for (`_held`).
+                handle._store = leaf  # type: ignore[assignment]  # the array, not a record: `COPY` says so
+                handle._sharding = COPY
+            return handle
         elif leaf is None:
             # The placeholder `eqx.partition` leaves in the half without arrays (equinox's
             # `filter_jit` makes one per constant per call, #36): one shared record.
-            derived = NO_LEAF
+            derived: Derived = NO_LEAF
         else:
             if isinstance(leaf, DIFFERENTIATED):
                 # A constant to autodiff: the value without its tangent (where JAX's
@@ -332,7 +389,7 @@ class FrozenConst(_StaticBase):
                 owner = owner_of(leaf)
                 if owner is not None:
                     return cls._of(*owner)
-            derived = derived_of(leaf, None)  # a tracer: what a trace rebuilds
+            derived = derived_of(leaf)  # a tracer: what a trace rebuilds
         handle = _new(cls)
         handle._store = derived
         handle._sharding = None
@@ -351,7 +408,8 @@ class FrozenConst(_StaticBase):
         # else (a `jax.default_device` in force, a frozenconst.jit trace in progress in any
         # thread, a buffer not served yet or deleted, a declared sharding, a derived value)
         # is `Store.array`'s.
-        if self._sharding is None:
+        sharding = self._sharding
+        if sharding is None:
             store = self._store
             array = store.hot
             if (
@@ -363,7 +421,12 @@ class FrozenConst(_StaticBase):
                 if STATE.accounting:
                     store.hits += 1
                 return array
-        return self._store.array(self._sharding)
+            leaf = store.leaf  # a derived value's, as in `tree_flatten`
+            if leaf is not None and not _hoisting.active:
+                return leaf  # type: ignore[no-any-return]
+        elif sharding is COPY and not _hoisting.active:
+            return self._store  # type: ignore[return-value]  # a copy's own array, as in `tree_flatten`
+        return self._held().array(self._declared())
 
     def on(self, target: Target) -> jax.Array:
         """The constant as a committed `jax.Array` with exactly this placement, cached.
@@ -393,7 +456,7 @@ class FrozenConst(_StaticBase):
             >>> x.on(cpu0).committed
             True
         """
-        store = self._store.constant("on")
+        store = self._held().constant("on")
         # The buffer itself, inside a `frozenconst.jit` trace too (as `jax.jit` sees a
         # closed-over array): concrete, committed, on the target's devices. A trace
         # parameter there would be abstract, and its devices would have to match the
@@ -414,7 +477,7 @@ class FrozenConst(_StaticBase):
             >>> jax.numpy.asarray(x).committed
             True
         """
-        store = self._store.constant("placed")
+        store = self._held().constant("placed")
         return FrozenConst._of(store, store.declare(target))
 
     @property
@@ -431,7 +494,7 @@ class FrozenConst(_StaticBase):
             >>> x.placed(device).declared_sharding == jax.sharding.SingleDeviceSharding(device)
             True
         """
-        return self._sharding
+        return self._declared()
 
     @property
     def sharding_target(self) -> jax.sharding.Sharding | None:
@@ -442,7 +505,7 @@ class FrozenConst(_StaticBase):
             FrozenConstWarning,
             stacklevel=2,
         )
-        return self._sharding
+        return self._declared()
 
     @property
     def placements(self) -> tuple[Placement, ...]:
@@ -457,7 +520,7 @@ class FrozenConst(_StaticBase):
             >>> dict(placement.device_bytes) == {jax.devices()[0]: 1024}
             True
         """
-        return tuple(Placement.of(a) for a in self._store.arrays())
+        return tuple(Placement.of(a) for a in self._held().arrays())
 
     def evict(self, target: Target | None = None) -> None:
         """Drop cached device buffers; the next use transfers again.
@@ -475,7 +538,7 @@ class FrozenConst(_StaticBase):
             >>> jax.numpy.asarray(x) is a
             False
         """
-        self._store.evict(None if target is None else as_sharding(target, self.shape))
+        self._held().evict(None if target is None else as_sharding(target, self.shape))
 
     @property
     def fingerprint(self) -> str:
@@ -487,7 +550,7 @@ class FrozenConst(_StaticBase):
             >>> FrozenConst(np.arange(3)).fingerprint == FrozenConst([0, 1, 2]).fingerprint
             True
         """
-        return self._store.fingerprint
+        return self._held().fingerprint
 
     def stats(self) -> ConstStats:
         """This constant's accounting: host and device bytes, transfers, hits, zero-copy.
@@ -501,7 +564,7 @@ class FrozenConst(_StaticBase):
             >>> s.transfers, s.hits, s.host_bytes
             (1, 1, 64)
         """
-        return const_stats(self._store.constant("stats"))
+        return const_stats(self._held().constant("stats"))
 
     @property
     def host_memory(self) -> str:
@@ -515,19 +578,19 @@ class FrozenConst(_StaticBase):
             >>> FrozenConst(np.ones(4), host_memory="pageable").host_memory
             'pageable'
         """
-        return self._store.constant("host_memory").host_memory
+        return self._held().constant("host_memory").host_memory
 
     @property
     def is_concrete(self) -> bool:
         """Whether this is a constant with host data (False for a traced or transformed value)."""
-        return self._store.concrete
+        return self._held().concrete
 
     # -- the host side ---------------------------------------------------------
 
     def _host(self, what: str) -> np.ndarray[Any, Any]:
         # A derived value's is a frozen copy of it, made once: no path hands out
         # memory that JAX or anyone else could still write.
-        return self._store.whole(what)
+        return self._held().whole(what)
 
     def __array__(
         self, dtype: DTypeLike | None = None, context: None = None, copy: bool | None = None
@@ -599,7 +662,7 @@ class FrozenConst(_StaticBase):
         # On several devices, the array: JAX's BufferError, as for a sharded jax.Array.
         # `Any`: jax.Array's stubs declare `__dlpack__()` without DLPack's keywords, and
         # no `__dlpack_device__` (jax 0.10); its implementation has both.
-        array: Any = self._store.array(self._sharding, traced=False)
+        array: Any = self._held().array(self._declared(), traced=False)
         if isinstance(array, Tracer):
             return None
         devices = array.devices()
@@ -610,7 +673,7 @@ class FrozenConst(_StaticBase):
     @property
     def shape(self) -> tuple[int, ...]:
         """The array's shape."""
-        return self._store.shape
+        return self._held().shape
 
     @property
     def dtype(self) -> np.dtype[Any]:
@@ -628,12 +691,12 @@ class FrozenConst(_StaticBase):
             >>> x.dtype, x.host_dtype
             (dtype('float32'), dtype('float64'))
         """
-        return self._store.device_dtype()
+        return self._held().device_dtype()
 
     @property
     def host_dtype(self) -> np.dtype[Any]:
         """The dtype of the frozen host data (`np.asarray(x).dtype`, pickles, the fingerprint)."""
-        return self._store.dtype
+        return self._held().dtype
 
     @property
     def ndim(self) -> int:
@@ -678,7 +741,7 @@ class FrozenConst(_StaticBase):
         indexed.
         """
         if self._sharding is None and not top_level() and not _hoisting.tracing() and _static_index(index):
-            part = self._store.static_part(index)
+            part = self._held().static_part(index)
             if part is not None:
                 return part
         return _getitem(self, index)
@@ -710,7 +773,7 @@ class FrozenConst(_StaticBase):
         return self
 
     def __repr__(self) -> str:
-        return self._store.describe()
+        return self._held().describe()
 
     # -- scalar conversions, as `jax.Array` allows them ------------------------
 
@@ -754,11 +817,12 @@ class FrozenConst(_StaticBase):
         # The dtype travels too: the host data is unpickled as it was held, whatever
         # the x64 setting of the unpickling process (float64 stays float64).
         host = self._host("pickle.dumps(x)")
-        if self._sharding is None:
-            if getattr(self._store, "weak", False):
+        sharding = self._declared()
+        if sharding is None:
+            if getattr(self._held(), "weak", False):
                 return (_unpickle_weak, (host,))  # weakly typed again (`FrozenConst(0.5)`)
             return (FrozenConst, (host, host.dtype))
-        return (_unpickle_placed, (host, _sharding_state(self._sharding)))
+        return (_unpickle_placed, (host, _sharding_state(sharding)))
 
     def __format__(self, format_spec: str) -> str:
         """`format(x, spec)` as `format(jnp.asarray(x), spec)`: `f"{x:.2f}"` formats the values.
@@ -884,14 +948,16 @@ def adopt_host(host: np.ndarray[Any, Any]) -> FrozenConst:
 
 def use_of(x: FrozenConst) -> Use:
     """What `frozenconst.jit` passes for the constant `x`: its store and declared sharding."""
-    return x._store.constant("frozenconst.jit"), x._sharding  # pyright: ignore[reportPrivateUsage]
+    return x._held().constant("frozenconst.jit"), x._declared()  # pyright: ignore[reportPrivateUsage]
 
 
 def derived_leaf(x: object) -> Any | None:
     """The value a FrozenConst holding a derived value holds (a tracer inside a transformation);
     None for a constant or anything else."""
-    if isinstance(x, FrozenConst) and isinstance(x._store, Derived):  # pyright: ignore[reportPrivateUsage]
-        return x._store.leaf  # pyright: ignore[reportPrivateUsage]
+    if isinstance(x, FrozenConst):
+        held = x._held()  # pyright: ignore[reportPrivateUsage]
+        if isinstance(held, Derived):
+            return held.leaf
     return None
 
 

@@ -470,6 +470,142 @@ def test_a_training_loop_is_told_once():
     assert len(again) == 1
 
 
+def _answer(obj, name):
+    """What `obj.name` answers: called with no arguments where it is a method; the exception's
+    type where it raises (a method that needs arguments raises TypeError)."""
+    try:
+        value = getattr(obj, name)
+        if callable(value) and not isinstance(value, (jax.Array, FrozenConst)):
+            value = value()
+    except Exception as err:
+        return ("raises", type(err))
+    return _plain(value)
+
+
+def _plain(value):
+    """`value` as data to compare: arrays as their values and dtype, a shard as its
+    device, index and data, a helper object (`x.at`) as its type."""
+    if isinstance(value, (jax.Array, np.ndarray, FrozenConst)):
+        return ("array", str(np.asarray(value).dtype), np.asarray(value).tolist())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [_plain(v) for v in value])
+    if type(value).__name__ == "Shard":
+        return ("shard", value.device, value.index, _plain(value.data))
+    if value is not None and type(value).__eq__ is object.__eq__:
+        return ("object", type(value).__name__)
+    return value
+
+
+# A copy's own answers to what a `jax.Array` has not: a value derived from a constant, not
+# a constant (docs/training.md, "What each idiom does").
+_COPY_ANSWERS = {
+    "is_concrete": False,
+    "declared_sharding": None,
+    "sharding_target": None,
+    "placements": ("tuple", []),
+    "evict": None,
+    "host_memory": ("raises", frozenconst.FrozenConstTypeError),
+    "stats": ("raises", frozenconst.FrozenConstTypeError),
+    "on": ("raises", TypeError),
+    "placed": ("raises", TypeError),
+}
+
+
+def test_a_copy_answers_every_public_attribute_as_its_array_does():
+    # A copy a jitted step hands back holds the step's output array itself, and makes its
+    # record (its frozen host copy, its number for frozenconst.jit) only where asked (issue
+    # #35): every public attribute of FrozenConst, on such a copy, answers as the same
+    # attribute of that `jax.Array` does; where the array has none, as a value derived from
+    # a constant answers, and the fingerprint as that of a constant of the same data.
+    c = table((3, 4))
+    with recorded():
+        copy = jax.jit(lambda t: jax.tree.map(lambda a: a * 2, t))(c)
+    (leaf,) = jax.tree.leaves(copy)
+    assert isinstance(copy, FrozenConst) and jnp.asarray(copy) is leaf  # the array itself, no copy
+    names = sorted(n for n in dir(FrozenConst) if not n.startswith("_") and n != "delete")
+    assert len(names) > 80  # `jax.Array`'s methods and properties, and FrozenConst's own
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`x.sharding_target` is deprecated", FrozenConstWarning)
+        answers = {name: _answer(copy, name) for name in names}
+    twin = FrozenConst(np.asarray(leaf))
+    checked = set()
+    for name, answer in answers.items():
+        try:
+            has = hasattr(leaf, name)
+        except NotImplementedError:  # `jax.Array.flat`: JAX refuses it as a property
+            has = True
+        if has:
+            assert answer == _answer(leaf, name), name
+        elif name in _COPY_ANSWERS:
+            assert answer == _COPY_ANSWERS[name], name
+        elif name == "fingerprint":
+            assert answer == twin.fingerprint
+        elif name.startswith("tree_"):
+            continue  # the pytree protocol, read by JAX itself above
+        else:
+            assert answer == _answer(c, name), name  # as the constant's (JAX's refusals)
+        checked.add(name)
+    assert set(_COPY_ANSWERS) | {"fingerprint"} <= checked
+    # `delete` is refused, as on the constant, and leaves the array alone.
+    refused = _answer(c, "delete")
+    assert refused[0] == "raises" and not jnp.asarray(c).is_deleted()
+    with pytest.raises(refused[1]):
+        copy.delete()
+    assert not leaf.is_deleted()
+
+
+def test_threads_asking_a_copy_for_its_host_data_at_once_share_one_frozen_copy():
+    # A copy's record and its frozen host copy are made on first need; threads asking at
+    # once get one of each (the arrays share memory), never one each.
+    import threading
+
+    c = table((64, 64))
+    for _ in range(5):
+        with recorded():
+            copy = jax.jit(lambda t: jax.tree.map(lambda a: a + 1, t))(c)
+        barrier = threading.Barrier(8)
+        seen = []
+
+        def read(copy=copy, barrier=barrier, seen=seen):
+            barrier.wait()
+            seen.append((np.asarray(copy), copy.fingerprint))
+
+        threads = [threading.Thread(target=read) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert len(seen) == 8
+        assert all(np.shares_memory(seen[0][0], host) for host, _ in seen)
+        assert len({fingerprint for _, fingerprint in seen}) == 1
+        np.testing.assert_array_equal(seen[0][0], np.asarray(c) + 1)
+        assert not seen[0][0].flags.writeable
+
+
+def test_a_copy_under_frozenconst_jit_is_a_parameter_wherever_it_was_made():
+    # A copy made outside any trace holds its array, and its record is made where
+    # frozenconst.jit first meets it; one made while a frozenconst.jit trace is in progress
+    # has its record from the start (numbered for that trace). Either way the program holds
+    # no more of it than of the constant itself.
+    c = table((64, 64))
+    step = jax.jit(lambda t: jax.tree.map(lambda a: a * 2, t))
+    v = jnp.ones(64)
+    own = len(frozenconst.jit(lambda v: c @ v).lower(v).as_text())
+    with recorded():
+        copy = step(c)
+
+        @frozenconst.jit
+        def during(v):
+            with jax.ensure_compile_time_eval():
+                inner = step(c)  # concrete, made while the trace is in progress
+            assert isinstance(inner, FrozenConst)
+            return inner @ v
+
+        for f in (frozenconst.jit(lambda v: copy @ v), during):
+            np.testing.assert_allclose(f(v), (np.asarray(c) * 2) @ np.ones(64), rtol=1e-4, atol=1e-4)
+            assert len(f.lower(v).as_text()) < own + 512 < c.nbytes
+
+
 def test_derived_copy_warnings_as_errors():
     optax = pytest.importorskip("optax")
     params = _frozen_params(3)
