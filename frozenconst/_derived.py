@@ -263,7 +263,7 @@ class _Told:
     and so do these.
     """
 
-    __slots__ = ("codes", "filters", "last", "lines", "sites")
+    __slots__ = ("codes", "filters", "last", "lines", "site", "sites")
 
     def __init__(self) -> None:
         self.filters: object = warnings.filters
@@ -274,6 +274,10 @@ class _Told:
         # `codes`) and instruction: a loop's copies are made there again and again, decided
         # by two comparisons. Never the frame: that would keep its locals alive.
         self.last: tuple[object, int] = (None, -1)
+        # The library's call site met last, as its code object and instruction, with its entry
+        # of `sites` (frames up, the user's code's id and instruction): a tree's copies are
+        # made there one after another, each decided by two comparisons and a frame read.
+        self.site: tuple[object, int, int, int, int] = (None, -1, 0, 0, -1)
 
 
 # Rebound (a fresh `_Told`) where the filters changed; `FrozenConst.tree_unflatten` reads it
@@ -308,6 +312,8 @@ def _tell(told: _Told, caller: types.FrameType, site: tuple[int, int], leaf: Any
     if user is caller:
         library, depth = "jit", 0  # no Python frame between: JAX's jit rebuilt its outputs in C++
     told.sites[site] = (depth, (id(user.f_code), user.f_lasti))
+    if depth:
+        told.site = (caller.f_code, caller.f_lasti, depth, id(user.f_code), user.f_lasti)
     told.codes += (caller.f_code, user.f_code)
     line = (id(user.f_code), user.f_lineno)
     if line in told.lines:

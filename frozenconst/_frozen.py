@@ -289,10 +289,13 @@ class FrozenConst(_StaticBase):
             leaf = store.leaf
             if leaf is not None and not _hoisting.active:
                 return (leaf,), None
-        elif sharding is COPY and not _hoisting.active:
-            # A copy's own array (`_held`). `_store` is typed as a handle on a record holds it.
-            return (self._store,), None  # type: ignore[return-value]
-        return (self._held().array(self._declared()),), None
+            return (store.array(None),), None
+        if sharding is COPY:
+            if not _hoisting.active:
+                # A copy's own array (`_held`). `_store` is typed as a handle on a record holds it.
+                return (self._store,), None  # type: ignore[return-value]
+            return (self._held().array(None),), None
+        return (self._store.array(sharding),), None  # type: ignore[arg-type]  # a sharding, `COPY` is not
 
     def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, jax.Array]], None]:
         """As `tree_flatten`, with the leaf's key path `.value`."""
@@ -340,17 +343,25 @@ class FrozenConst(_StaticBase):
             told = _derived.told
             code, lasti = told.last
             if caller.f_code is not code or caller.f_lasti != lasti or told.filters is not warnings.filters:
-                known = told.sites.get((id(caller.f_code), caller.f_lasti))
-                if known is None or told.filters is not warnings.filters:
+                # A site reached through a library's code (equinox's `filter_jit` rebuilding its
+                # outputs, `eqx.combine`'s `tree_map`: four copies per step of #36's equinox
+                # example), decided where the user's line it was reached from last is the one
+                # reaching it now: the site met last is read from `told.site`, a tree's other
+                # copies made there in turn, without the lookup in `told.sites`.
+                site_code, site_lasti, depth, user_code, user_lasti = told.site
+                if caller.f_code is not site_code or caller.f_lasti != site_lasti:
+                    known = told.sites.get((id(caller.f_code), caller.f_lasti))
+                    if known is None:
+                        depth = -1  # a site not met before
+                    else:
+                        depth, (user_code, user_lasti) = known
+                        if depth:
+                            told.site = (caller.f_code, caller.f_lasti, depth, user_code, user_lasti)
+                if depth < 0 or told.filters is not warnings.filters:
                     note_derived_copy(leaf, caller, cls)
-                elif not known[0]:
+                elif not depth:
                     told.last = (caller.f_code, caller.f_lasti)  # the user's own line, told before
                 else:
-                    # A site reached through a library's code (equinox's `filter_jit` rebuilding
-                    # its outputs, `eqx.combine`'s `tree_map`: four copies per step of #36's
-                    # equinox example), decided where the user's line it was reached from
-                    # last is the one reaching it now.
-                    depth, (user_code, user_lasti) = known
                     try:
                         user = frame_at(1 + depth)  # this frame, then `caller`'s, then up
                     except ValueError:
@@ -424,9 +435,12 @@ class FrozenConst(_StaticBase):
             leaf = store.leaf  # a derived value's, as in `tree_flatten`
             if leaf is not None and not _hoisting.active:
                 return leaf  # type: ignore[no-any-return]
-        elif sharding is COPY and not _hoisting.active:
-            return self._store  # type: ignore[return-value]  # a copy's own array, as in `tree_flatten`
-        return self._held().array(self._declared())
+            return store.array(None)
+        if sharding is COPY:
+            if not _hoisting.active:
+                return self._store  # type: ignore[return-value]  # a copy's own array, as in `tree_flatten`
+            return self._held().array(None)
+        return self._store.array(sharding)  # type: ignore[arg-type]  # a sharding, `COPY` is not
 
     def on(self, target: Target) -> jax.Array:
         """The constant as a committed `jax.Array` with exactly this placement, cached.
