@@ -433,6 +433,25 @@ def test_a_library_site_reached_from_two_lines_in_turn_tells_each_line_once():
     assert isinstance(first[1], FrozenConst) and float(second[0][0, 0]) == float(c[0, 0]) * 2
 
 
+def test_two_library_sites_reached_in_turn_tell_each_line_once():
+    # Two call sites in JAX's tree functions (`tree_map`'s and `tree_unflatten`'s), each
+    # reached from its own line of user code, in turn, each tree holding several copies:
+    # the site met last is kept in one slot, and whichever site and line come next, each
+    # line is told once.
+    c = table((3, 3))
+    leaves, treedef = jax.tree.flatten([c, c, c])
+    arrays = [x + 1 for x in leaves]
+    lines = []
+    with recorded() as caught:
+        for _ in range(3):
+            lines.append(sys._getframe().f_lineno + 1)
+            mapped = jax.tree.map(lambda x: x + 1, [c, c, c])
+            lines.append(sys._getframe().f_lineno + 1)
+            rebuilt = jax.tree_util.tree_unflatten(treedef, arrays)
+    assert sorted(w.lineno for w in caught) == sorted(set(lines)) and len(set(lines)) == 2
+    assert all(isinstance(x, FrozenConst) for x in [*mapped, *rebuilt])
+
+
 def test_one_message_for_a_line_that_copies_many_constants():
     optax = pytest.importorskip("optax")
     params = _frozen_params(8)  # eight shapes
