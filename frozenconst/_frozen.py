@@ -597,7 +597,8 @@ class FrozenConst(_StaticBase):
     @property
     def is_concrete(self) -> bool:
         """Whether this is a constant with host data (False for a traced or transformed value)."""
-        return self._held().concrete
+        # A copy is not, and is asked per call (`frozenconst.jit`'s arguments): no record for it.
+        return self._sharding is not COPY and self._store.concrete
 
     # -- the host side ---------------------------------------------------------
 
@@ -969,7 +970,11 @@ def derived_leaf(x: object) -> Any | None:
     """The value a FrozenConst holding a derived value holds (a tracer inside a transformation);
     None for a constant or anything else."""
     if isinstance(x, FrozenConst):
-        held = x._held()  # pyright: ignore[reportPrivateUsage]
+        if x._sharding is COPY:  # pyright: ignore[reportPrivateUsage]
+            # A copy's array itself, without making its record: `frozenconst.filter_jit` asks
+            # this of every argument and output on every call.
+            return x._store  # pyright: ignore[reportPrivateUsage]
+        held = x._store  # pyright: ignore[reportPrivateUsage]
         if isinstance(held, Derived):
             return held.leaf
     return None
