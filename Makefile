@@ -4,8 +4,8 @@
 #   make test   - the same environments, then the whole suite:
 #                 Python 3.11 + newest JAX it gets (0.10.x) and Python 3.12 + newest JAX (0.12.x),
 #                 each under both JAX constant pipelines, plus ruff, mypy --strict and the docs;
-#                 and the suite alone at the supported floor (jax 0.6.2, one pipeline) and at a
-#                 release in between (jax 0.9.2, both pipelines), both with Python 3.11.
+#                 and the suite alone at the supported floor (jax 0.8.1) and at a release in
+#                 between (jax 0.9.2), both pipelines each, both with Python 3.11.
 #                 The checks and suite passes run TEST_JOBS at a time (default 2: this project's
 #                 CI machine has 2 cores), each pass's output printed whole when it ends.
 #   make test-fast - the edit-test loop: Python 3.11, default pipeline, without tests marked slow
@@ -25,7 +25,7 @@ DEMO_PYTHON ?= $(shell tools/find-python 3.11 3.13 3.12)
 DEMO_VENV := $(if $(wildcard $(VENV311)/bin/python),$(VENV311),.venv-py$(shell $(DEMO_PYTHON) -c 'import sys; print(*sys.version_info[:2], sep="")' 2>/dev/null))
 # The declared JAX floor (pyproject.toml) and one release in between, each in
 # its own Python 3.11 environment that runs the pytest suite only.
-JAX_FLOOR := 0.6.2
+JAX_FLOOR := 0.8.1
 JAX_MIDDLE := 0.9.2
 VENVFLOOR := .venv-jax$(subst .,,$(JAX_FLOOR))
 VENVMIDDLE := .venv-jax$(subst .,,$(JAX_MIDDLE))
@@ -67,9 +67,11 @@ COMPILE_CACHE = FROZENCONST_TEST_COMPILATION_CACHE=$(CURDIR)/$(1)/compilation-ca
 QUICK_CODEGEN := XLA_FLAGS="--xla_backend_optimization_level=0 $${XLA_FLAGS:-}"
 
 .PHONY: demo test test-fast checks lint typecheck docs doctest doctest-wheel doctest-default doctest-simplified \
-  doctest-312-default doctest-312-simplified doctest-middle-default doctest-middle-simplified doctest-floor package \
+  doctest-312-default doctest-312-simplified doctest-middle-default doctest-middle-simplified \
+  doctest-floor-default doctest-floor-simplified package \
   pytest-311 pytest-311-default pytest-311-simplified pytest-312 pytest-312-default pytest-312-simplified \
-  pytest-floor pytest-middle pytest-middle-default pytest-middle-simplified bench bench-compare \
+  pytest-floor pytest-floor-default pytest-floor-simplified pytest-middle pytest-middle-default \
+  pytest-middle-simplified bench bench-compare \
   gpu gpu-bundle gpu-results clean
 
 $(VENV311)/.installed: pyproject.toml
@@ -140,7 +142,7 @@ DOCTEST_RUN = cd $(DOCS_WHEEL) && $(2) \
   PYTHONPATH=$(CURDIR)/$(DOCS_WHEEL):$$(echo $(CURDIR)/$(1)/lib/python3.*/site-packages) \
   $(CURDIR)/$(1)/bin/python -S -m pytest $(PYTEST_FLAGS) $(DOCTEST_ARGS)
 doctest: doctest-default doctest-simplified doctest-312-default doctest-312-simplified \
-  doctest-middle-default doctest-middle-simplified doctest-floor
+  doctest-middle-default doctest-middle-simplified doctest-floor-default doctest-floor-simplified
 doctest-wheel: $(VENV311)/.installed
 	rm -rf $(DOCS_WHEEL) && mkdir -p $(DOCS_WHEEL)/.build
 	$(VENV311)/bin/python -m build --wheel --outdir $(DOCS_WHEEL)/.build . > /dev/null
@@ -153,8 +155,10 @@ doctest-middle-default: doctest-wheel $(VENVMIDDLE)/.installed
 	$(call DOCTEST_RUN,$(VENVMIDDLE),$(DEFAULT_PIPELINE))
 doctest-middle-simplified: doctest-wheel $(VENVMIDDLE)/.installed
 	$(call DOCTEST_RUN,$(VENVMIDDLE),$(SIMPLIFIED_PIPELINE))
-doctest-floor: doctest-wheel $(VENVFLOOR)/.installed
+doctest-floor-default: doctest-wheel $(VENVFLOOR)/.installed
 	$(call DOCTEST_RUN,$(VENVFLOOR),$(DEFAULT_PIPELINE))
+doctest-floor-simplified: doctest-wheel $(VENVFLOOR)/.installed
+	$(call DOCTEST_RUN,$(VENVFLOOR),$(SIMPLIFIED_PIPELINE))
 
 # Each environment runs the suite twice: with JAX's default constant pipeline
 # (variable unset) and with the simplified one, each pass a target of its own
@@ -184,9 +188,11 @@ pytest-312 pytest-312-default pytest-312-simplified doctest-312-default doctest-
 	@echo "warning: no Python 3.12 found; skipping $@, the Python 3.12 + newest JAX run (set PYTHON312=...)" >&2
 endif
 
-# jax 0.6.2 has one constant pipeline (JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS arrived in 0.7).
-pytest-floor: $(VENVFLOOR)/.installed
+pytest-floor: pytest-floor-default pytest-floor-simplified
+pytest-floor-default: $(VENVFLOOR)/.installed
 	$(DEFAULT_PIPELINE) $(call COMPILE_CACHE,$(VENVFLOOR)) $(QUICK_CODEGEN) $(VENVFLOOR)/bin/python -m pytest $(PYTEST_FLAGS)
+pytest-floor-simplified: $(VENVFLOOR)/.installed
+	$(SIMPLIFIED_PIPELINE) $(call COMPILE_CACHE,$(VENVFLOOR)) $(QUICK_CODEGEN) $(VENVFLOOR)/bin/python -m pytest $(PYTEST_FLAGS) $(SIMPLIFIED_ONLY_FLAGS)
 
 pytest-middle: pytest-middle-default pytest-middle-simplified
 pytest-middle-default: $(VENVMIDDLE)/.installed
@@ -206,16 +212,14 @@ package: $(VENV311)/.installed
 	cd .dist && FROZENCONST_WHEEL_TEST=1 $(call COMPILE_CACHE,$(VENV311)) $(QUICK_CODEGEN) ../.venv-wheel/bin/python -m pytest $(PYTEST_FLAGS) \
 	  ../tests/test_installed.py ../tests/test_plugins.py ../tests/test_cache.py ../tests/test_host.py ../tests/test_jit.py
 
-# Everything CI runs, TEST_JOBS at a time. The default passes come first (a fresh clone's
-# run here, commit fab47d3: 3.11 default 567 s, 0.9.2 default 473, 3.12 default 384, 0.6.2
-# 370, then the simplified passes: 3.11 366 s, 0.9.2 321, 3.12 228 with its default pass's
-# cache; 1,627 s in all), so the short checks fill the gaps at the end;
-# `--output-sync=target` prints each one's output whole when it ends, and the first failure
-# fails `make test` (once the jobs already running have ended).
-CHECKS := pytest-311-default pytest-floor pytest-middle-default pytest-312-default \
-  pytest-311-simplified pytest-312-simplified pytest-middle-simplified \
+# Everything CI runs, TEST_JOBS at a time. The default passes come first, the longest, so
+# that the short checks fill the gaps at the end; `--output-sync=target` prints each one's
+# output whole when it ends, and the first failure fails `make test` (once the jobs already
+# running have ended).
+CHECKS := pytest-311-default pytest-floor-default pytest-middle-default pytest-312-default \
+  pytest-311-simplified pytest-312-simplified pytest-middle-simplified pytest-floor-simplified \
   package typecheck doctest-default doctest-simplified doctest-312-default doctest-312-simplified \
-  doctest-middle-default doctest-middle-simplified doctest-floor docs lint
+  doctest-middle-default doctest-middle-simplified doctest-floor-default doctest-floor-simplified docs lint
 test:
 	$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target checks
 checks: $(CHECKS)
@@ -229,6 +233,7 @@ checks: $(CHECKS)
 ifneq ($(filter checks,$(MAKECMDGOALS)),)
 pytest-311-simplified package: | pytest-311-default
 pytest-middle-simplified: | pytest-middle-default
+pytest-floor-simplified: | pytest-floor-default
 pytest-312-simplified: | pytest-312-default
 $(CHECKS): | $(TEST_ENVIRONMENTS)
 endif

@@ -7,6 +7,7 @@
     python -m benchmarks disk            # peak memory building constants from 256 MiB and 1 GiB .npy files
     python -m benchmarks multihost       # constants bigger than one host: per-process RSS, 2 and 4 processes
     python -m benchmarks constants       # per-call cost against the number of constants, with the peers
+    python -m benchmarks anyjit          # jax.jit closing over FrozenConsts against the tables as arguments
     python -m benchmarks training        # the pytree choice, and training steps with a large table
     python -m benchmarks finetune        # the five fine-tuning examples, as written and with the one line
     python -m benchmarks startup         # what the entry points add to `import hypothesis` and to pytest
@@ -40,6 +41,7 @@ from typing import Any
 
 from . import (
     accelerator,
+    anyjit,
     compare,
     constants,
     core,
@@ -186,6 +188,7 @@ def main() -> None:
             "seed-real",
             "core",
             "constants",
+            "anyjit",
             "training",
             "finetune",
             "disk",
@@ -229,6 +232,7 @@ def main() -> None:
         "seed-real": lambda: seed_real.main(args.quick, docs, limit),
         "core": lambda: core.main(args.quick, docs),
         "constants": lambda: constants.main(args.quick, docs),
+        "anyjit": lambda: anyjit.main(args.quick, docs),
         "training": lambda: training.main(args.quick, docs),
         "finetune": lambda: finetune.main(args.quick, docs),
         "disk": lambda: disk.main([64] if args.quick else [256, 1024], docs),  # up to 1 GiB in a temp dir

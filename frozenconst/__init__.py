@@ -26,6 +26,7 @@ from ._guard import no_numpy_constants as no_numpy_constants
 from ._hypothesis_hook import register_if_imported as _register_strategy_if_imported
 from ._intern import intern as intern
 from ._jit import jit as jit
+from ._lowering import install as _install_lowering
 from ._stats import ConstStats as ConstStats
 from ._stats import Stats as Stats
 from ._stats import stats as stats
@@ -34,6 +35,9 @@ from ._training import is_frozen as is_frozen
 from ._training import is_trainable as is_trainable
 from ._training import partition as partition
 
+# What frozenconst installs into JAX, in one place and one call (`_lowering`): every jit keeps
+# FrozenConsts out of the programs it compiles from now on.
+_install_lowering()
 # flax.serialization learns constants here when flax is already imported (the
 # usual order: `import flax` sorts first); `register_flax()` covers the other.
 _register_if_imported()

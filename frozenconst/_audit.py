@@ -11,10 +11,10 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from ._cache import LIVE
-from ._compat import SIMPLIFIED_CONSTANTS
-from ._embedding import EMBED_MAX_BYTES
+from ._cache import LIVE, OWNER_REFS
+from ._compat import SIMPLIFIED_CONSTANTS, simplified_hoists
 from ._fingerprint import fingerprint
+from ._hoist import EMBED_MAX_BYTES
 from ._host import human_bytes
 from ._jaxprs import walk, where
 from ._refusals import refused_as_array
@@ -23,10 +23,9 @@ Kind = Literal["numpy", "jax", "frozenconst"]
 
 # Constants up to `EMBED_MAX_BYTES` (1 KiB) are not worth a line of advice:
 # cheaper embedded than passed (JAX itself embeds anything up to
-# `jax_embedded_constants_max_bytes`, 32 bytes, as a literal), and what
-# `frozenconst.jit` embeds too. Above it, `frozenconst.jit` makes a FrozenConst a
-# parameter, so the audit advises it for every larger constant JAX embeds: the
-# one threshold, stated in docs/memory.md.
+# `jax_embedded_constants_max_bytes`, 32 bytes, as a literal), and what every jit
+# embeds of a FrozenConst too. Above it, every jit takes a FrozenConst as a
+# parameter (`_hoist`), so the audit advises one for every larger array JAX embeds.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +48,10 @@ class CapturedConstant:
             ints), the bytes of the largest slice the program reads; else None.
             NumPy slices a NumPy constant at trace time, so only the slice is
             captured; JAX slices a `jax.Array` or a FrozenConst in the program.
+        parameter: whether every jit that compiles the function takes it as a
+            parameter of the program, never embedding it: a FrozenConst above 1 KiB
+            (whatever jit is outside the audited function: its own, the caller's,
+            a library's), unless its buffer is donated somewhere (then embedded).
     """
 
     kind: Kind
@@ -59,12 +62,23 @@ class CapturedConstant:
     first_use: str | None
     fingerprint: str
     sliced_bytes: int | None = None
+    parameter: bool = False
 
     @property
     def device_copies(self) -> int:
         """Device copies JAX makes of it: one per use for NumPy data under the simplified
         pipeline (the documented future default); none for a buffer that already exists."""
         return self.uses if self.kind == "numpy" else 0
+
+    def in_program(self, pipeline: str) -> str:
+        """What any jit that compiles the function makes of it under `pipeline`: `"parameter"`
+        (passed to the executable, no data in the program), `"embedded"` (its data in the
+        program), or `"copied"` (a NumPy array hoisted by JAX: a device copy per use)."""
+        if self.kind == "frozenconst":
+            return "parameter" if self.parameter else "embedded"
+        if pipeline == "simplified":
+            return "copied" if self.kind == "numpy" else "parameter"
+        return "embedded"
 
     def problems(self, pipeline: str) -> list[str]:
         """What is wrong with this constant, each with its fix."""
@@ -77,27 +91,24 @@ class CapturedConstant:
                 "JAX's simplified constant pipeline, and it is transferred again per executable; "
                 "fix: wrap it once in `frozenconst.FrozenConst`"
             )
-        if pipeline == "default" and self.sliced_bytes is not None and self.sliced_bytes < self.nbytes:
+        if self.kind == "frozenconst":
+            if not self.parameter:
+                found.append(
+                    "embedded in every compiled program that uses it: its device buffer was "
+                    "donated to a jitted function, so no program may hold it; fix: keep constants "
+                    "out of donated arguments (`frozenconst.partition(state)`)"
+                )
+        elif pipeline == "default" and self.sliced_bytes is not None and self.sliced_bytes < self.nbytes:
             found.append(
                 f"embedded whole in the compiled program by jax.jit (default pipeline), though it reads "
                 f"only a static slice of {human_bytes(self.sliced_bytes)}: JAX slices it in the program, "
-                "where NumPy slices a NumPy array at trace time; fix: compile with `frozenconst.jit` "
-                "(the constant becomes a parameter, nothing embedded)"
-                + (
-                    ", or slice the host data at trace time, `np.asarray(x)[...]` (a read-only view, "
-                    "no copy), to embed only the slice as the NumPy original did"
-                    if self.kind == "frozenconst"
-                    else ""
-                )
+                "where NumPy slices a NumPy array at trace time; fix: make it a FrozenConst (every jit "
+                "then takes it as a parameter, nothing embedded)"
             )
         elif pipeline == "default":
             found.append(
-                "embedded in the compiled program by jax.jit (default pipeline); fix: "
-                + (
-                    "compile with `frozenconst.jit`"
-                    if self.kind == "frozenconst"
-                    else "make it a FrozenConst and compile with `frozenconst.jit`"
-                )
+                "embedded in the compiled program by jax.jit (default pipeline); fix: make it a "
+                "FrozenConst, which every jit takes as a parameter"
             )
         return found
 
@@ -160,12 +171,15 @@ class AuditReport:
         return out
 
     def __str__(self) -> str:
-        header = f"{'kind':<12} {'shape':<18} {'dtype':<9} {'size':>10} {'uses':>5} {'copies*':>7}  first use"
+        header = (
+            f"{'kind':<12} {'shape':<18} {'dtype':<9} {'size':>10} {'uses':>5} {'copies*':>7} "
+            f"{'program**':<10} first use"
+        )
         rows = [header, "-" * len(header)]
         for c in self.constants:
             rows.append(
                 f"{c.kind:<12} {list(c.shape)!s:<18} {c.dtype:<9} {human_bytes(c.nbytes):>10} {c.uses:>5} "
-                f"{c.device_copies:>7}  {c.first_use or '?'}"
+                f"{c.device_copies:>7} {c.in_program(self.pipeline):<10} {c.first_use or '?'}"
             )
         if not self.constants:
             rows.append("(no captured constants)")
@@ -179,6 +193,10 @@ class AuditReport:
         )
         rows.append(
             "* copies: device copies JAX makes under its simplified constant pipeline (future default)"
+        )
+        rows.append(
+            "** program: what any jit compiling this function makes of it (jax.jit, a library's, "
+            "frozenconst.jit alike): a parameter, embedded data, or copied per use"
         )
         problems = self.lines()
         rows += ["", "Problems:" if problems else "No problems found."] + [f"- {p}" for p in problems]
@@ -228,22 +246,13 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
         >>> report.duplicate_bytes == (3 * table.nbytes if report.pipeline == "simplified" else 0)
         True
     """
-    from ._groups import AUDITING
-    from ._jit import JitWrapped
-
-    auditing = AUDITING.set(True)
     try:
-        if isinstance(fun, JitWrapped):
-            closed = fun.trace(*args, **kwargs).jaxpr
-        else:
-            closed = jax.make_jaxpr(fun)(*args, **kwargs)
+        closed = jax.make_jaxpr(fun)(*args, **kwargs)
     except (ValueError, TypeError, IndexError) as err:
         refused = refused_as_array(err)
         if refused is None:
             raise
         raise refused from err
-    finally:
-        AUDITING.reset(auditing)
     frozen_ids = {id(a) for store in list(LIVE) for a in store.arrays()}
 
     found: dict[int, dict[str, Any]] = {}
@@ -261,6 +270,7 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
                 "uses": 0,
                 "first_use": where(eqn),
                 "sliced_bytes": 0,
+                "parameter": kind == "frozenconst" and _kept_out(value),
             }
             order.append(key)
         entry["uses"] += 1
@@ -272,6 +282,16 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
     total = sum(c.nbytes for c in constants)
     pipeline = _pipeline()
     return AuditReport(tuple(constants), pipeline, total, _duplicate_bytes(tuple(constants), pipeline))
+
+
+def _kept_out(value: Any) -> bool:
+    """Whether the FrozenConst buffer `value` is a parameter of every program that uses it."""
+    ref = OWNER_REFS.get(id(value))
+    store = None if ref is None else ref()
+    if store is None or store.volatile:
+        return False
+    nbytes: int = getattr(value, "nbytes", 0)
+    return simplified_hoists(value) if SIMPLIFIED_CONSTANTS else nbytes > EMBED_MAX_BYTES
 
 
 def _describe(value: Any) -> dict[str, Any]:

@@ -1,11 +1,10 @@
 """The device cache: one `jax.Array` per placement, transferred once from the frozen host buffer.
 
-The first of two cache tiers: `Store.array`, the path every use of a constant
-takes, a hit one dict lookup (one slot, `Store.hot`, for the default placement
-while no `jax.default_device` is in force). The second is `frozenconst.jit`'s
-(`_groups.Group.arrays`): the tuple of arrays a function fed last, fed again
-while nothing here changed (`STATE.epoch`). Both count their hits here
-(`Store.array`, `Store.count_hits`).
+`Store.array` is the path every use of a constant takes, a hit one dict lookup (one slot,
+`Store.hot`, for the default placement while no `jax.default_device` is in force). Where a
+buffer is dropped (`evict`) or lost (donated, deleted), the functions in `DROPPED` are told:
+that is how compiled programs holding it let go (`_hoist.dropped`), without this module
+knowing of any jit.
 """
 
 from __future__ import annotations
@@ -16,19 +15,16 @@ import threading
 import types
 import warnings
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Sharding, SingleDeviceSharding
 from numpy.typing import DTypeLike
 
-from . import _hoisting
 from ._compat import (
     DEFAULT_DEVICE,
-    SIMPLIFIED_CONSTANTS,
     X64,
     Device,
     Tracer,
@@ -42,7 +38,6 @@ from ._convert import as_dtype, check_narrowing
 from ._dtypes import follows_x64, native
 from ._errors import FrozenConstWarning
 from ._fingerprint import fingerprint
-from ._hoisting import next_serial
 from ._host import HostMemory, freeze, frozen_copy, host_buffer, human_bytes
 from ._targets import Target, as_sharding
 
@@ -95,14 +90,11 @@ class Placement:
 # The state the cache keeps for the whole process, in one object: `from ._cache
 # import STATE` binds the object, so every module reads and writes the same fields.
 class _State:
-    __slots__ = ("accounting", "epoch", "retired_hits", "retired_transfers")
+    __slots__ = ("accounting", "retired_hits", "retired_transfers")
 
     def __init__(self) -> None:
         # Whether cache hits are counted (`frozenconst.set_accounting`).
         self.accounting = True
-        # Bumped whenever a device buffer is made or evicted, so `frozenconst.jit`
-        # can reuse the arrays it fed last time while it stays the same.
-        self.epoch = 0
         # Counts carried over from constants that have been garbage-collected.
         self.retired_hits = 0
         self.retired_transfers = 0
@@ -142,19 +134,9 @@ def dtype_words(host_dtype: np.dtype[Any]) -> str:
 # builds it, inlined there (the one place).
 
 
-class FedArrays:
-    """Base of what keeps device arrays it fed to a compiled function (`frozenconst.jit`),
-    so that an eviction reaches it: after `x.evict()` nothing frozenconst holds is
-    on the evicted buffers."""
-
-    __slots__ = ("__weakref__",)
-
-    def forget(self, store: Store | None = None) -> None:
-        """Drop the arrays kept (those of `store`, or all)."""
-
-
-# Every live holder of fed arrays, held weakly.
-FED: weakref.WeakSet[FedArrays] = weakref.WeakSet()
+# Told of a store whose device buffer was evicted or lost, after the fact: whatever holds
+# the old buffer lets go of it (`_hoist.dropped`, appended by `_lowering.install`).
+DROPPED: list[Callable[[Store], None]] = []
 # Every live store, for `frozenconst.stats()` and the audit's kind lookup.
 LIVE: weakref.WeakSet[Store] = weakref.WeakSet()
 # id(cached array) -> its store, held weakly: lets a pytree rebuilt from the
@@ -179,9 +161,7 @@ def owner_of(leaf: object) -> Use | None:
     return store.sharding_of(leaf)
 
 
-# A use of a constant as `frozenconst.jit` passes it: its store, and the declared
-# sharding (None: the default device, or the computation's mesh; see
-# `_groups.arrays_for`).
+# A use of a constant: its store, and the declared sharding (None: the default device).
 Use: TypeAlias = "tuple[Store, Sharding | None]"
 
 
@@ -209,9 +189,9 @@ class Store:
         "dtype",
         "hits",
         "hot",
-        "serial",
         "served",
         "shape",
+        "told",
         "transfers",
         "volatile",
         "weak",
@@ -247,15 +227,16 @@ class Store:
         self.dtype: np.dtype[Any] = dtype
         # `device_dtype()` under x64 off and on, each found on first need.
         self.device_dtypes: list[np.dtype[Any] | None] = [None, None]
-        self.serial = next_serial()
         self._pinned = None
         # Whether the constant was made from a Python scalar (`FrozenConst(0.5)`): its device
         # buffers are weakly typed, and it promotes as `jnp.asarray(0.5)` does (issue #37).
         self.weak = False
-        # Whether a device buffer of it was deleted behind our back (donated, `delete()`d):
-        # `frozenconst.jit` then passes it as a parameter rather than capture a buffer the
-        # next donation deletes again (`_groups.Constants.captures`, issue #37).
+        # Whether a device buffer of it was donated or deleted behind our back: compiled
+        # programs then embed it rather than hold a buffer the next donation deletes (`_hoist`).
         self.volatile = False
+        # Whether the user was told that a program donates its buffer (`_hoist`): the losses
+        # that follow are silent.
+        self.told = False
         self._lock = threading.Lock()
         self._fingerprint: str | None = None
         # Accounting (`frozenconst.stats()`): uses served from the cache, and
@@ -341,27 +322,6 @@ class Store:
         """Raise unless the host data keeps every integer on a device as `dtype`."""
         check_narrowing(self._host, dtype)
 
-    def static_part(self, index: Any) -> jax.Array | None:
-        """`x[index]` for a static `index`, taken from the frozen host data and made in the
-        current trace, as JAX makes a NumPy array's part there (no device buffer); None where
-        the host data is not all here (`PartialStore`), or where NumPy refuses the index (an
-        int out of bounds, which JAX clamps: `FrozenConst.__getitem__` leaves it to JAX)."""
-        try:
-            part = np.asarray(self._host[index])
-        except IndexError:
-            return None
-        dtype = self.device_dtype()
-        if part.dtype != dtype:
-            part = part.astype(dtype)
-        if SIMPLIFIED_CONSTANTS:
-            # A concrete array, which this pipeline passes to the executable as the NumPy
-            # form's part is passed (jax 0.7 to 0.9 cannot lower a NumPy array there, jax
-            # #37445).
-            with eval_context():
-                made: jax.Array = jax.device_put(part)
-            return made
-        return jnp.asarray(part)  # a constant of the program, as JAX holds a NumPy array's part
-
     def declare(self, target: Target) -> Sharding:
         """The sharding `target` names, declared for this constant: checked now against it."""
         return as_sharding(target, self.shape)
@@ -391,27 +351,18 @@ class Store:
 
     # -- the device side -------------------------------------------------------
 
-    def array(self, sharding: Sharding | None = None, traced: bool = True) -> jax.Array:
+    def array(self, sharding: Sharding | None = None) -> jax.Array:
         """What a use of the constant gets: its device buffer with `sharding` (None: on the
-        default device, in the dtype JAX would give the host data now), or, while
-        `frozenconst.jit` traces, what the constant stands for there (`_hoisting.resolve`).
-        With `traced=False`, the buffer itself even then: what `x.on(target)` returns,
-        concrete and committed, as a closed-over `jax.Array` is under `jax.jit`.
+        default device, in the dtype JAX would give the host data now), concrete inside a
+        trace too, as a closed-over `jax.Array` is.
 
-        The one cache-hit path: every use (`jnp` calls, jit arguments, `x.on`,
-        `frozenconst.jit`'s feeding) comes here, and a hit is one dict lookup.
-        It inlines `_hoisting.tracing()` and builds the key of `served` (see
-        above `FedArrays`) itself: as calls they cost a measurable part of a hit (`python -m
-        benchmarks compare`, rows "cache hit ...: ratio to the one-slot floor";
-        the figures are in `docs/results/`). For the same reason
-        `FrozenConst.__jax_array__` and `FrozenConst.tree_flatten` inline the
-        hit of the default placement under no `jax.default_device` (`hot`), and
-        come here for the rest.
+        The one cache-hit path: every use (`jnp` calls, jit arguments, `x.on`) comes here, and
+        a hit is one dict lookup; it builds the key of `served` (see above `DROPPED`) itself,
+        which as a call cost a measurable part of a hit (`python -m benchmarks compare`, rows
+        "cache hit ...: ratio to the one-slot floor"). `FrozenConst.__jax_array__` and
+        `FrozenConst.tree_flatten` inline the hit of the default placement under no
+        `jax.default_device` (`hot`), and come here for the rest.
         """
-        if traced and _hoisting.active and _hoisting.scope.frames:
-            value = _hoisting.resolve(self, sharding)
-            if value is not None:
-                return value
         setting = DEFAULT_DEVICE.value
         key = setting if sharding is None and self._by_device else (sharding, setting, X64.value)
         array = self.served.get(key)
@@ -422,15 +373,6 @@ class Store:
         if STATE.accounting:
             self.hits += 1
         return array
-
-    @staticmethod
-    def count_hits(uses: Iterable[Use]) -> None:
-        """Count a cache hit for each constant of `uses`: the second cache tier's account
-        (`_groups.Group.arrays` feeds the arrays it fed last again, without asking
-        `array`), kept by the class that keeps the first tier's."""
-        if STATE.accounting:
-            for store, _ in uses:
-                store.hits += 1
 
     def _fill(self, sharding: Sharding | None, setting: Any, key: Any) -> jax.Array:
         """The device buffer for a use with `sharding` under the `jax_default_device`
@@ -472,27 +414,25 @@ class Store:
         self.served[key] = array
         if key is None:  # the default placement under no `jax_default_device` (`_by_device`)
             self.hot = array
-        STATE.epoch += 1
 
     def _lost(self) -> None:
         """A device buffer of this constant was deleted behind our back (donated to a jitted
-        function, or `jnp.asarray(x).delete()`): the programs that captured it trace again
-        (issue #26), and those alone (issue #37): the functions that captured it, and what JAX
-        cached of nested traces under the trace-context values where it was captured
-        (`_hoisting.buffer_lost`). From now on `frozenconst.jit` passes it as a parameter
-        (`volatile`), so a loop that donates it every step retraces nothing. The user hears of
-        it once per line."""
+        function, or `jnp.asarray(x).delete()`), and a new one made: programs that held the old
+        one let go of it (`DROPPED`), and from now on programs embed the constant (`volatile`)
+        rather than hold a buffer the next donation deletes. The user hears of it at each line that
+        meets the loss, unless told where the donating program was compiled."""
         self.volatile = True
-        for holder in list(FED):
-            holder.forget(self)
-        _hoisting.buffer_lost(self)
+        for hook in DROPPED:
+            hook(self)
+        if self.told:
+            return  # told where the donating program was compiled (`_hoist`)
         warnings.warn(
             f"The device buffer of FrozenConst {self.dtype}{list(self.shape)} was deleted (donated "
             "to a jitted function, or deleted through `jnp.asarray(x)`), so frozenconst "
-            "transferred it again; `frozenconst.jit` functions trace again, and `jax.jit` "
-            "functions that closed over the old buffer raise 'Buffer has been deleted or "
-            "donated'. Keep constants out of donated arguments: donate "
-            "`frozenconst.partition(state)[0]` and pass the rest undonated (docs: Training).",
+            "transferred it again. Compiled programs that held it are compiled again at their "
+            "next call, and embed this constant from now on, as JAX embeds any array. Keep "
+            "constants out of donated arguments: donate `frozenconst.partition(state)[0]` and "
+            "pass the rest undonated (docs: Training).",
             FrozenConstWarning,
             stacklevel=user_stacklevel(),
         )
@@ -587,10 +527,8 @@ class Store:
 
     def evict(self, sharding: Sharding | None = None) -> None:
         """Forget device buffers: all of them, or those with `sharding` (and, for a
-        single-device sharding, the default buffer on that device). The next use transfers again."""
-        STATE.epoch += 1
-        for holder in list(FED):
-            holder.forget(self)
+        single-device sharding, the default buffer on that device). The next use transfers again,
+        and compiled programs that held a dropped buffer are compiled again (`DROPPED`)."""
         with self._lock:
             if sharding is None:
                 dropped = list(self._made.values())
@@ -608,29 +546,8 @@ class Store:
                 for key in [k for k, a in self.served.items() if id(a) not in kept]:
                     del self.served[key]
             self.hot = self.served.get(None)
-
-    def lost_buffer(self) -> bool:
-        """Whether one of the device buffers made for this constant was deleted since
-        (donated, or `delete()`d through `jnp.asarray(x)`)."""
-        with self._lock:
-            return any(a.is_deleted() for a in self._made.values())
-
-    def drop_lost(self) -> None:
-        """Forget the device buffers deleted behind our back, and act on their loss (`_lost`)
-        once: a program that captured one failed before any use made the buffer again."""
-        with self._lock:
-            gone = [made for made, array in self._made.items() if array.is_deleted()]
-            for made in gone:
-                self._disown(self._made.pop(made))
-            if gone:
-                for key in [k for k, a in self.served.items() if a.is_deleted()]:
-                    del self.served[key]
-                self.hot = self.served.get(None)
-                STATE.epoch += 1
-        if gone:
-            self._lost()
-        else:
-            _hoisting.buffer_lost(self)  # handled by another thread, maybe not yet all of it
+        for hook in DROPPED:
+            hook(self)
 
     def arrays(self) -> list[jax.Array]:
         """The live cached device buffers, one per placement, default ones first."""

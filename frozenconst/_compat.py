@@ -9,21 +9,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import itertools
 import os
 import sys
-import threading
 import types
 import warnings
-import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
 import jax.core
-import jax.extend.backend
 import jax.extend.core
 import jax.sharding
+import numpy as np
 from jax._src import config as _jax_config
 from jax.extend import source_info_util
 
@@ -87,343 +84,13 @@ DEFAULT_DEVICE: Any = _setting("default_device", "jax_default_device")
 # `jax.core.eval_context()` makes primitives evaluate eagerly even while a trace
 # is active (inside `jit`, `grad`, `vmap`, `eval_shape`). `jax.device_put` under
 # a trace otherwise returns a tracer, and caching that would leak it.
-# Public in `jax.core` (checked on 0.6.2, 0.9.2, 0.10.2 and 0.12.0.1).
+# Public in `jax.core` (checked on 0.8.1, 0.9.2, 0.10.2 and 0.12.0.1).
 # Fallback: `jax.ensure_compile_time_eval()`, under which `jax.device_put` of
 # host data is eager too under `jit`, `vmap`, `grad` and `eval_shape` (checked
 # on the same versions); the cache never keeps a tracer in any case.
 eval_context: Callable[[], contextlib.AbstractContextManager[Any]] = getattr(
     jax.core, "eval_context", jax.ensure_compile_time_eval
 )
-
-
-# Trace contexts for `frozenconst.jit`. While it traces, a FrozenConst
-# resolves to a parameter of the compiled program: a tracer. JAX caches the
-# traces of inner functions (a nested `jax.jit`, a `scan` body) by function,
-# argument types and the "trace context", a tuple of config states. Two hazards:
-# an inner function traced before, outside, would be reused with the constant's
-# data embedded; and an inner function that met the constant inside one
-# `frozenconst.jit` trace holds that trace's tracer, which a later trace would
-# reuse and leak. A config state of our own in the trace context answers both:
-# every `frozenconst.jit` trace runs with it set to a value shared by all of
-# them (`shared_trace_context`; never the value outside, so nothing traced
-# outside is reused), and a trace whose constants reach an inner trace runs with
-# a value of its own (`unique_trace_context`).
-# Only the second kind adds cache entries per trace: a fresh value for every
-# trace would grow JAX's caches with every function made and dropped (issue
-# #11). Built on the public `jax.make_user_context(default)` (checked on jax
-# 0.9.2, 0.10.2 and 0.12.0.1): a config state in the trace context (and the
-# jit key) that JAX's global config does not list, so nothing appears in
-# `jax.config.values` when frozenconst is imported or traces. JAX's own test
-# harness compares that dict around every test ("Test changed global config
-# values", `test_util.assert_global_configs_unchanged`), and a library's private
-# state appearing there mid-run failed it (issue #37; `tests/test_jit_seams.py`
-# checks the dict). Where JAX lacks it (jax 0.8.x), the private
-# `int_state(..., include_in_trace_context=True)` (jax/_src/config.py, jax >=
-# 0.8; checked on jax 0.8.3, 0.9.2, 0.10.2 and 0.12.0.1), registered once, at
-# import, as `frozenconst_trace_epoch`: listed in `jax.config.values` from the
-# import on, always at its default outside frozenconst's traces.
-#
-# Before jax 0.8 (checked on 0.4.38, 0.6.2 and 0.7.2) `config.trace_context()`
-# is a fixed tuple and `int_state` takes no `include_in_trace_context`. One
-# state in that tuple changes nothing a program computes:
-# `jax_hlo_source_file_canonicalization_regex`, a pattern removed from the
-# file names in the HLO location metadata. There, a trace context is that
-# pattern with a never-matching alternative appended, `(?!)frozenconst-trace-N`:
-# it matches exactly what the pattern outside matched (nothing, by default),
-# yet the trace context differs for every N. Before use it is checked to be
-# in the trace context; without either, nested uses degrade (`_hoisting`
-# embeds them under the default pipeline, with one FrozenConstWarning).
-_unique = itertools.count(1)
-_shared = next(_unique)
-
-# Values of `unique_trace_context` free to be used again, per kind of trace
-# (how its constants resolve). Issue #19: a value used once and dropped leaves
-# JAX's caches keyed by trace context (`trace_to_jaxpr`, unbounded, and
-# `_infer_params_cached` and friends) one entry per library function traced
-# under it (`jnp.multiply`, `jnp.sum`, ...), about 20 KiB per function made and
-# dropped, forever. A value is safe again once the trace that used it is gone:
-# a cache entry that closed over one of its tracers holds the trace alive
-# (every tracer holds its trace), so while any such entry lives the value is
-# not reused; entries without our tracers are what any trace of that kind
-# would cache. Kept per kind, so a reused entry resolved constants the way
-# the new trace would. A stand-in for a constant met first (`_hoisting.placeholder`)
-# is never handed to an inner trace, where an inner `jax.jit` would cache zeros
-# without holding the trace (a later trace reusing the value computed with them:
-# the composition property test found it; issue #26 moved the stand-ins out).
-# Where user code caught a stop and an inner trace went on without the
-# constant, the value is retired, never reused (`retire_trace_context`).
-_free: dict[Hashable, list[int]] = {}
-_retired: set[int] = set()
-# Values handed out whose traces may still be alive.
-_in_use: set[int] = set()
-_free_lock = threading.Lock()
-
-
-def _release(kind: Hashable, value: int) -> None:
-    with _free_lock:
-        _in_use.discard(value)
-        if value in _retired:
-            _retired.discard(value)
-        else:
-            _free.setdefault(kind, []).append(value)
-
-
-def retire_trace_context(value: int) -> None:
-    """Never hand out `value` again: what JAX cached under it may not hold this trace, or holds
-    a device buffer since deleted (`_hoisting.buffer_lost`)."""
-    with _free_lock:
-        if value in _in_use:
-            _retired.add(value)  # `_release` drops it when its trace is gone
-            return
-        for free in _free.values():
-            if value in free:
-                free.remove(value)
-
-
-# The innermost active trace object, to learn when it is gone: private
-# `jax._src.core.trace_ctx.trace` (jax >= 0.4.36; checked on 0.6.2, 0.9.2,
-# 0.10.2 and 0.12.0.1, where `Trace` takes weak references). Without it a
-# value is never reused (the memory of issue #19 comes back, nothing else).
-def _find_trace_object() -> Callable[[], object] | None:
-    try:
-        from jax._src import core as _core
-    except ImportError:  # pragma: no cover - newer JAX layouts
-        return None
-    context = getattr(_core, "trace_ctx", None)
-    if context is None or not hasattr(context, "trace"):  # pragma: no cover - other JAX
-        return None
-    return lambda: context.trace
-
-
-_trace_object = _find_trace_object()
-
-
-# Values made in a trace while a trace nested in it is current: `frozenconst.jit`
-# stands zeros in for a constant met first inside a nested trace (a `scan`
-# body, an inner `jax.jit`), made in its own trace, so that the nested trace
-# closes over a tracer of that trace, as it closes over a parameter: whatever
-# JAX caches of the nested trace then holds the trace, and its trace-context
-# value is not used again while it does (zeros made inside the nested trace are
-# that trace's own, which JAX caches holding nothing of ours). Private
-# `jax._src.core.set_current_trace(trace)` (a context manager) with the trace
-# object above (jax >= 0.4.36; checked on 0.6.2, 0.9.2, 0.10.2 and 0.12.0.1).
-# Fallback: None, and such a constant stops the trace instead (one trace more
-# for each constant met so).
-def _find_trace_setter() -> Callable[[object], contextlib.AbstractContextManager[Any]] | None:
-    try:
-        from jax._src import core as _core
-    except ImportError:  # pragma: no cover - newer JAX layouts
-        return None
-    setter: Callable[[object], contextlib.AbstractContextManager[Any]] | None = getattr(
-        _core, "set_current_trace", None
-    )
-    return setter if callable(setter) else None
-
-
-_trace_setter = _find_trace_setter()
-
-
-def trace_handle() -> object | None:
-    """The innermost active trace, to make values in it later (`in_trace`), or None where
-    this JAX cannot."""
-    if _trace_object is None or _trace_setter is None:
-        return None
-    return _trace_object()
-
-
-def in_trace(handle: object) -> contextlib.AbstractContextManager[Any]:
-    """A context in which JAX's operations make values in the trace `trace_handle()` gave."""
-    setter = _trace_setter
-    if setter is None:  # pragma: no cover - `trace_handle()` gives no handle then
-        raise RuntimeError("this JAX cannot make values in an outer trace")
-    return setter(handle)
-
-
-def _make_context_state() -> Any:
-    user_context = getattr(jax, "make_user_context", None)
-    if user_context is not None:
-        return user_context(None)
-    states: dict[str, Any] = _state("config_states") or {}
-    existing = states.get("frozenconst_trace_epoch")
-    if existing is not None:
-        return existing
-    int_state = _state("int_state")
-    if int_state is None:  # pragma: no cover - newer JAX layouts
-        return _pattern_context()
-    try:
-        return int_state(
-            name="frozenconst_trace_epoch",
-            default=0,
-            help="Internal to frozenconst: isolates the traces made by frozenconst.jit.",
-            include_in_trace_context=True,
-        )
-    except TypeError:  # jax < 0.8: no trace-context states of our own
-        return _pattern_context()
-
-
-_MARKER = "(?!)frozenconst-trace-"
-
-
-def _outside_pattern(current: str | None) -> str | None:
-    """The pattern set outside frozenconst: `current` less a marker we appended."""
-    if not current:
-        return None
-    at = current.rfind(_MARKER)
-    if at < 0 or not current[at + len(_MARKER) :].isdigit():
-        return current
-    head = current[:at]
-    if not head:
-        return None
-    if head.startswith("(?:") and head.endswith(")|"):
-        return head[3:-2]
-    return current  # pragma: no cover - a pattern that merely mentions the marker
-
-
-class _PatternContext:
-    """Trace contexts carried by `jax_hlo_source_file_canonicalization_regex` (jax < 0.8)."""
-
-    def __init__(self, state: Any) -> None:
-        self._state = state
-
-    def __call__(self, value: int) -> contextlib.AbstractContextManager[Any]:
-        outside = _outside_pattern(self._state.value)
-        marker = f"{_MARKER}{value}"
-        cm: contextlib.AbstractContextManager[Any] = self._state(
-            f"(?:{outside})|{marker}" if outside else marker
-        )
-        return cm
-
-
-def _pattern_context() -> _PatternContext | None:
-    state = _state("hlo_source_file_canonicalization_regex")
-    trace_ctx = _state("trace_context")
-    if state is None or not callable(state) or not callable(trace_ctx):  # pragma: no cover - other JAX
-        return None
-    context = _PatternContext(state)
-    try:
-        before = trace_ctx()
-        with context(0):
-            inside = trace_ctx()
-    except Exception:  # pragma: no cover - other JAX layouts
-        return None
-    return context if inside != before else None
-
-
-_context_state = _make_context_state()
-trace_isolation = _context_state is not None
-
-
-def trace_context(value: int) -> contextlib.AbstractContextManager[Any]:
-    """A context in which JAX's tracing caches see `value` in the trace context."""
-    if _context_state is None:  # pragma: no cover - a JAX without either hook
-        return contextlib.nullcontext()
-    cm: contextlib.AbstractContextManager[Any] = _context_state(value)
-    return cm
-
-
-def unique_trace_context(kind: Hashable = None) -> int:
-    """A trace-context value used by no other trace in progress, nor by any trace whose
-    tracers may still be held; `kind` says how the trace resolves constants (a value
-    is reused only by traces of the same kind). Call it inside the trace."""
-    with _free_lock:
-        free = _free.get(kind)
-        value = free.pop() if free else next(_unique)
-        _in_use.add(value)  # in use from now: `retire_trace_context` finds it there
-    trace = None if _trace_object is None else _trace_object()
-    pooled = False
-    if trace is not None:
-        # A trace without weak references (none known): the value is never reused.
-        with contextlib.suppress(TypeError):
-            weakref.finalize(trace, _release, kind, value)
-            pooled = True
-    if not pooled:
-        with _free_lock:
-            _in_use.discard(value)
-    return value
-
-
-def shared_trace_context() -> int:
-    """The trace-context value the traces of `frozenconst.jit` share."""
-    return _shared
-
-
-def renew_shared_trace_context() -> None:
-    """Share a fresh value from now on: what JAX cached under the old one is never reused."""
-    global _shared
-    _shared = next(_unique)
-
-
-# The trace currently active in this thread, compared with `==`: a use of a
-# constant in a trace nested inside a `frozenconst.jit` trace (a `scan` body, an
-# inner `jax.jit`, `grad`) needs that trace isolated (see `_hoisting.resolve`).
-# Public: `jax.extend.core.get_opaque_trace_state` (jax >= 0.10; checked on
-# jax 0.10.2 and 0.12.0.1). Older JAX has the same function only as
-# `jax._src.core.get_opaque_trace_state` (jax 0.4.36 to 0.9.x; checked on
-# 0.4.38, 0.6.2, 0.7.2, 0.8.0 and 0.9.2), where jax 0.4.x requires its
-# `convention` argument, which it ignores. Its `OpaqueTraceState` compares the
-# innermost trace by (weak) reference on every one of those versions.
-def current_trace() -> object:
-    """An identity for the innermost active trace, comparable with `==`."""
-    return _opaque_trace_state()
-
-
-def _unknown_trace() -> object:  # pragma: no cover - a JAX without either hook
-    # Every use then counts as nested: correct, at the cost of isolating
-    # (or, without isolation, embedding) every trace.
-    return object()
-
-
-def _find_opaque_trace_state() -> Callable[[], object]:
-    public = getattr(jax.extend.core, "get_opaque_trace_state", None)
-    if public is not None:
-        return public  # type: ignore[no-any-return]
-    try:
-        from jax._src import core as _core
-    except ImportError:  # pragma: no cover - newer JAX layouts
-        return _unknown_trace
-    private = getattr(_core, "get_opaque_trace_state", None)
-    if private is None:  # pragma: no cover - a JAX older than 0.4.36
-        return _unknown_trace
-    return lambda: private(None)
-
-
-_opaque_trace_state: Callable[[], object] = _find_opaque_trace_state()
-
-# False where neither hook exists: `frozenconst.jit` then traces every function
-# twice (the second time isolated), and warns once.
-trace_identity = _opaque_trace_state is not _unknown_trace
-
-
-# `jax.clear_caches()` calls `cache_clear()` on every cache registered with
-# `jax.extend.backend.register_backend_cache` (public from jax 0.7, an alias of
-# `jax._src.util.register_cache`; checked on jax 0.7.2, 0.8.0, 0.10.2 and 0.12.0.1).
-# `frozenconst.jit` registers its table of constants per static configuration
-# there, so that after `clear_caches()` it holds what `jax.jit` holds: nothing.
-# Before jax 0.7 (checked on 0.4.38 and 0.6.2) `clear_caches()` calls every
-# callable in the private `jax._src.util.cache_clearing_funs`, a WeakSet; the
-# bound `cache_clear` put there is kept alive by the cache itself, so it lives
-# exactly as long as the cache. Without either, the table lives as long as the
-# function (and so do constants reached only through its static arguments).
-def on_clear_caches(cache: Any, what: str) -> bool:
-    """Have `jax.clear_caches()` call `cache.cache_clear()`; False if this JAX cannot."""
-    register = getattr(jax.extend.backend, "register_backend_cache", None)
-    if register is not None:
-        register(cache, what)
-        return True
-    try:
-        from jax._src import util as _util
-    except ImportError:  # pragma: no cover - newer JAX layouts
-        return False
-    funs = getattr(_util, "cache_clearing_funs", None)
-    if funs is None:  # pragma: no cover - a JAX without either hook
-        return False
-    clear = cache.cache_clear
-    try:
-        cache._frozenconst_cache_clear = clear  # the WeakSet holds it only while the cache lives
-    except AttributeError:  # pragma: no cover - a cache without a __dict__
-        return False
-    funs.add(clear)
-    return True
 
 
 # Source locations JAX records (and shows in errors and `frozenconst.audit`)
@@ -486,7 +153,7 @@ Tracer: type = jax.core.Tracer
 
 
 # The class of JAX's concrete arrays: private `jax._src.array.ArrayImpl` (checked on
-# jax 0.6.2, 0.9.2, 0.10.2 and 0.12.0.1); making an array to ask its type would
+# jax 0.8.1, 0.9.2, 0.10.2 and 0.12.0.1); making an array to ask its type would
 # start a backend at import. Two uses: its public attributes, which it adds to
 # `jax.Array`'s (`devices`, `is_ready`, `weak_type`, `aval`, `unsafe_buffer_pointer`,
 # ...; `array_attributes`), and its operator functions, which an operator on a
@@ -666,7 +333,7 @@ backends_started: Callable[[], bool] = _find_backends_started()
 # jax/_src/dispatch.py), and no public call makes an uncommitted array of an
 # existing buffer. Private: `jax._src.array.ArrayImpl(aval, sharding, [buffer],
 # committed=False)` wraps the same device buffer, uncommitted (checked on jax
-# 0.6.2, 0.9.2, 0.10.2 and 0.12.0.1; tried once, on first need). Fallback: None,
+# 0.8.1, 0.9.2, 0.10.2 and 0.12.0.1; tried once, on first need). Fallback: None,
 # and the caller transfers from the NumPy view of the host buffer, which JAX
 # reads as pageable memory (correct, at pageable speed), saying so once.
 _uncommitted_impl: Callable[..., Any] | None = None
@@ -706,7 +373,7 @@ def uncommitted(array: Any) -> Any:
 # dtype of the Python scalar under the x64 setting now, which can differ from the
 # constant's). Private: `jax._src.array.ArrayImpl(aval.update(weak_type=True), sharding,
 # per-device buffers, committed=...)` wraps the same device buffers (the class `ArrayImpl`
-# above; checked on jax 0.6.2, 0.9.2, 0.10.2 and 0.12.0.1, on one device and two). Fallback:
+# above; checked on jax 0.8.1, 0.9.2, 0.10.2 and 0.12.0.1, on one device and two). Fallback:
 # the strong array (the promotion of `jnp.asarray(np.float32(0.5))`), said once.
 def weakly_typed(array: Any) -> Any:
     """`array` (a concrete `jax.Array`) marked weakly typed, over the same device buffers."""
@@ -734,7 +401,7 @@ def weakly_typed(array: Any) -> Any:
 # 0.12.0.1). But inside a trace (a `jax.jit`, `grad` or `vmap` around
 # frozenconst code, or `x.on(P(...))` inside a jitted function) it raises
 # "`get_mesh` can only be used outside of `jax.jit`". What it returns there is
-# `jax._src.mesh.get_concrete_mesh()` (jax 0.6.2, 0.9.2, 0.10.2 and 0.12.0.1),
+# `jax._src.mesh.get_concrete_mesh()` (jax 0.8.1, 0.9.2, 0.10.2 and 0.12.0.1),
 # the config state `device_context`, which is part of every jit cache key
 # (`include_in_jit_key`), so reading it while tracing is safe: the program is
 # cached per mesh. Fallback where neither exists: no mesh, so a bare
@@ -758,16 +425,6 @@ def active_mesh() -> Any:
     except ValueError:  # inside a trace
         mesh = None if _concrete_mesh is None else _concrete_mesh()
     return mesh if isinstance(mesh, jax.sharding.Mesh) and not mesh.empty else None
-
-
-# `jax.export.export(f)` calls `f.trace(*specs).lower(..., _private_parameters=
-# mlir.LoweringParameters(for_export=True, ...))`, then reads the lowered
-# stage's private `_lowering` (jax 0.6.2, 0.9.2, 0.10.2 and 0.12.0.1, in
-# `jax/_src/export/_export.py`). The keyword tells frozenconst.jit's traced
-# stage that the program will be serialized, so it lowers `jax.jit(f)` with the
-# constants in it. Fallback, if JAX renames it: the stage raises a
-# FrozenConstTypeError naming `jax.jit(f.__wrapped__)` when `_lowering` is read.
-EXPORT_LOWERING = "_private_parameters"
 
 
 # `jnp.issubdtype` places an ml_dtypes number type (float6_e2m3fn, int2, ...)
@@ -855,29 +512,6 @@ def lowering_embeds_literals(kwargs: dict[str, Any]) -> bool:
 # --- end of no_numpy_constants block ---
 
 
-# Whether no trace is active in this thread: a FrozenConst's static index or slice
-# (`x[:8]`, `x[3]`) inside a trace is taken from the frozen host data, as NumPy slices
-# an array there, rather than from the whole device buffer, which a `jax.jit` trace
-# would capture and JAX's default pipeline embed in full (issue #35). Private
-# `jax._src.core.trace_ctx.is_top_level()` (checked on jax 0.6.2, 0.9.2, 0.10.2 and
-# 0.12.0.1; about 0.2 us); the public `jax.core.trace_state_clean` is deprecated on
-# 0.6.2 and gone after. Fallback: always at the top level, so indexing stays JAX's own
-# (the whole constant is embedded, and the embedding warning says so).
-def _find_top_level() -> Callable[[], bool]:
-    try:
-        from jax._src import core as _core
-    except ImportError:  # pragma: no cover - newer JAX layouts
-        return lambda: True
-    context = getattr(_core, "trace_ctx", None)
-    found = getattr(context, "is_top_level", None)
-    if not callable(found):  # pragma: no cover - other JAX
-        return lambda: True
-    return found  # type: ignore[no-any-return]
-
-
-top_level: Callable[[], bool] = _find_top_level()
-
-
 # A warning about what a user's own line did (an optimizer's `init` that made a
 # derived copy, a donation) names that line: the frames of these packages are
 # skipped, so Python shows it once per such line, not once per tree operation
@@ -914,17 +548,214 @@ def library_of(frame: types.FrameType) -> str:
     return package if package in _LIBRARIES else ""
 
 
-# The concrete arrays the innermost trace has captured so far (closed over, read
-# from a global): what JAX's default constant pipeline embeds in the program.
-# `frozenconst.jit` names the large ones it did not keep out (issue #25). Private
-# `jax._src.core.trace_ctx.trace.frame.constvar_to_val` (a dict of constvar to
-# value; checked on jax 0.6.2, 0.9.2, 0.10.2 and 0.12.0.1, where NumPy values
-# are wrapped as `TypedNdArray` views from 0.9 on); empty under the simplified
-# pipeline, which hoists them instead. Without it: no list, and no warning.
-def captured_arrays() -> list[Any]:
-    """The concrete values the innermost active trace closed over so far (none where unknown)."""
-    trace = None if _trace_object is None else _trace_object()
-    consts = getattr(getattr(trace, "frame", None), "constvar_to_val", None)
-    if not isinstance(consts, dict):
-        return []
-    return list(consts.values())
+# --- keeping constants out of programs at lowering (`_hoist`, `_lowering`) ---
+# Reason: under JAX's default constant pipeline, a `jax.jit` program (and every wrapper built
+# on it: `eqx.filter_jit`, `nnx.jit`, a library's own jit, `pmap`) embeds the data of each array
+# it closes over. JAX's own simplified pipeline already knows how to pass a closed-over buffer
+# to the executable instead ("hoisted const args", docs/internals/constants.md in the JAX
+# repository), kept through the C++ fast path (`MeshExecutableFastpathData.const_args`). A
+# FrozenConst's buffer is exactly what that machinery needs, so frozenconst hands JAX's program
+# to that machinery with the FrozenConst buffers as literals.
+# Private, no public alternative: `jax._src.interpreters.pxla.lower_sharding_computation(
+# closed_jaxpr, ..., lowering_parameters=...)`, which lowers every jitted program (reached from
+# pjit by module attribute), and `jax._src.core.jaxpr_const_args(jaxpr)`, the list of a
+# program's hoisted constants, read through `core.` by pxla, mlir, pjit, lax and shard_map and
+# by `core.eqn_params_const_args`. `mlir.LoweringParameters.hoist_constants_as_args` turns the
+# hoisting on. Checked on jax 0.8.1, 0.9.2, 0.10.2 and 0.12.0.1 (signatures unchanged). Before
+# 0.8.1 JAX's own hoisting fails (`pxla.hoist_constants_as_args` raises TypeError on 0.7.1 to
+# 0.8.0) or is absent: the supported floor. Fallback where a name is missing (a future
+# layout): `HOISTING` is None, nothing is installed, and JAX embeds FrozenConsts as any array,
+# which the embedding warning names (`_hoist`).
+class Hooks:
+    """JAX's lowering functions frozenconst wraps, and what reads their arguments."""
+
+    __slots__ = ("const_args", "core", "default_parameters", "lower", "mlir", "pxla")
+
+    def __init__(self) -> None:
+        from jax._src import core as _core
+        from jax._src.interpreters import mlir as _mlir
+        from jax._src.interpreters import pxla as _pxla
+
+        self.core: Any = _core
+        self.mlir: Any = _mlir
+        self.pxla: Any = _pxla
+        self.lower: Callable[..., Any] = _pxla.lower_sharding_computation
+        self.const_args: Callable[[Any], list[tuple[Any, Any]]] = _core.jaxpr_const_args
+        # What `jax.jit` lowers with: any other parameters (`jax.export`'s `for_export`, a
+        # custom lowering rule) are someone's own lowering, left as JAX does it.
+        self.default_parameters: Any = _mlir.LoweringParameters()
+
+    @staticmethod
+    def donates(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether `lower(closed, *args, **kwargs)` lowers a program that donates an input: its
+        seventh argument after `closed`, `donated_invars`, one flag per input."""
+        donated = kwargs.get("donated_invars", args[6] if len(args) > 6 else ())
+        return any(donated)
+
+    @staticmethod
+    def devices_of(args: tuple[Any, ...], kwargs: dict[str, Any], single: bool = False) -> Any:
+        """A replicated sharding over the devices a program spans, where it spans several: over
+        the mesh of its first input sharding across devices (its third argument after `closed`,
+        `in_shardings`, resolved from the call's arguments), else of the context mesh
+        (`jax.set_mesh`); None for a program on one device, or (`single`) the device of its first
+        input placed on one. The device order is the mesh's, which is the program's device
+        assignment (`_device_assignment`, private, on every sharding class; checked on jax 0.8.1
+        to 0.12.0.1)."""
+        in_shardings = kwargs.get("in_shardings", args[2] if len(args) > 2 else ())
+        for found in in_shardings:
+            if not isinstance(found, jax.sharding.Sharding):
+                continue
+            if len(found.device_set) < 2:
+                if single:
+                    (device,) = found.device_set
+                    return jax.sharding.SingleDeviceSharding(device)
+                continue
+            mesh = getattr(found, "mesh", None)
+            if not isinstance(mesh, jax.sharding.Mesh):
+                try:
+                    devices: Any = np.array(found._device_assignment)  # pyright: ignore[reportPrivateUsage]
+                except Exception:  # a sharding without an order: the program decides
+                    return None
+                mesh = jax.sharding.Mesh(devices, ("frozenconst",))
+            return jax.sharding.NamedSharding(mesh, _replicated())
+        context = kwargs.get("context_mesh")
+        if isinstance(context, jax.sharding.Mesh) and not context.empty and context.size > 1:
+            return jax.sharding.NamedSharding(context, _replicated())
+        return None
+
+    def hoisting(self, parameters: Any) -> Any:
+        """`parameters` with JAX's hoisting of literal constants switched on."""
+        import dataclasses
+
+        return dataclasses.replace(parameters, hoist_constants_as_args=True)
+
+
+def _replicated() -> jax.sharding.PartitionSpec:
+    spec: Callable[[], jax.sharding.PartitionSpec] = jax.sharding.PartitionSpec  # untyped constructor
+    return spec()
+
+
+def clear_caches() -> None:
+    """`jax.clear_caches()`: every program JAX compiled is compiled again at its next call."""
+    clear: Callable[[], None] = jax.clear_caches  # untyped in JAX's stubs
+    clear()
+
+
+def _find_hooks() -> Hooks | None:
+    try:
+        hooks = Hooks()
+    except (ImportError, AttributeError):  # pragma: no cover - a future JAX layout
+        return None
+    fields = getattr(type(hooks.default_parameters), "__dataclass_fields__", {})
+    if "hoist_constants_as_args" not in fields or not callable(
+        getattr(hooks.pxla, "hoist_constants_as_args", None)
+    ):
+        return None  # pragma: no cover - a JAX before 0.8.1 (below the declared floor)
+    return hooks
+
+
+HOISTING: Hooks | None = _find_hooks()
+
+
+# JAX's program objects, per version. Up to jax 0.11 a closed program is a `ClosedJaxpr`
+# (`.jaxpr`, an open `Jaxpr`, and `.consts`); from 0.12 there is one class, `Jaxpr`, whose
+# constants are its first inputs with values attached (`jax.extend.core.ClosedJaxpr` is the
+# same class). `Literal` and `Var` are public in `jax.extend.core`. Checked on 0.8.1, 0.9.2,
+# 0.10.2 and 0.12.0.1.
+Literal: Any = jax.extend.core.Literal
+Var: Any = jax.extend.core.Var
+_ClosedJaxpr: Any = jax.extend.core.ClosedJaxpr
+_Jaxpr: Any = jax.extend.core.Jaxpr
+_UNIFIED = _ClosedJaxpr is _Jaxpr
+
+
+def simplified_hoists(value: Any) -> bool:
+    """Whether JAX's simplified pipeline passes a closed-over array to the executable rather than
+    embedding it: any non-scalar (jax 0.8, 0.9: `core.jaxpr_const_args`), of more than
+    `jax_embedded_constants_max_bytes` (from jax 0.10, default 32; `core.is_hoistable`)."""
+    if not np.shape(value):
+        return False
+    limit: int = getattr(jax.config, "jax_embedded_constants_max_bytes", -1)
+    nbytes: int = getattr(value, "nbytes", 4)
+    return nbytes > limit
+
+
+def numpy_of(value: Any) -> np.ndarray[Any, Any] | None:
+    """The NumPy array a program's constant is, where it is one: the array, or JAX's wrapper of
+    it (`jax._src.literals.TypedNdArray`: a view of it from jax 0.9, holding it as `.val` on
+    0.8), else None."""
+    if isinstance(value, np.ndarray):
+        return value
+    held = getattr(value, "val", None)
+    return held if type(value).__name__ == "TypedNdArray" and isinstance(held, np.ndarray) else None
+
+
+def is_program(value: object) -> bool:
+    """Whether `value` is a program (open or closed) that an equation's parameters may hold."""
+    return isinstance(value, (_ClosedJaxpr, _Jaxpr))
+
+
+def closed_parts(program: Any) -> tuple[Any, list[Any], list[Any]]:
+    """(its open program, its constant variables, their values): what a closed program closes
+    over; no constants for an open one."""
+    if _UNIFIED:
+        return program, list(program.constvars), list(program.consts)
+    if isinstance(program, _ClosedJaxpr):
+        return program.jaxpr, list(program.jaxpr.constvars), list(program.consts)
+    return program, [], []
+
+
+def rebuild(
+    program: Any, *, constvars: list[Any], consts: list[Any], eqns: list[Any], outvars: list[Any]
+) -> Any:
+    """`program` with these constants, equations and outputs (its inputs and names kept)."""
+    if _UNIFIED:
+        return program.replace(
+            constvars=constvars, consts=consts, eqns=eqns, outvars=outvars, debug_info=program.debug_info
+        )
+    if isinstance(program, _ClosedJaxpr):
+        open_ = program.jaxpr
+        new = open_.replace(constvars=constvars, eqns=eqns, outvars=outvars, debug_info=open_.debug_info)
+        return _ClosedJaxpr(new, consts)
+    return program.replace(eqns=eqns, outvars=outvars, debug_info=program.debug_info)
+
+
+def has_input_effects(jaxpr: Any) -> bool:
+    """Whether an effect of `jaxpr` names one of its inputs by position (`JaxprInputEffect`,
+    private `jax._src.effects`; checked on 0.8.1 to 0.12.0.1): removing a constant would move it.
+    Fallback where the class is gone: any effect counts."""
+    effects = getattr(jaxpr, "effects", ())
+    if not effects:
+        return False
+    try:
+        from jax._src.effects import JaxprInputEffect
+    except ImportError:  # pragma: no cover - a future JAX layout
+        return True
+    return any(isinstance(e, JaxprInputEffect) for e in effects)
+
+
+# The call whose program is being lowered, to see which of its arguments it donates: JAX's
+# Python path of a jitted call, `jax._src.pjit._pjit_call_impl_python(*args, jaxpr,
+# donated_invars, ...)`, through which the first call of every `jax.jit` program (and of the
+# wrappers built on it) reaches lowering; `args` are the call's flat arguments, in the order of
+# `donated_invars`. Private, checked on jax 0.8.1, 0.9.2, 0.10.2 and 0.12.0.1. Fallback: a
+# frame of another shape answers nothing, so a donation is seen at the constant's next use
+# instead (`_cache.Store._fill`).
+_CALL_FRAME = ("jax._src.pjit", "_pjit_call_impl_python")
+
+
+def donated_arguments(depth: int = 2, limit: int = 40) -> list[Any]:
+    """The arguments the jitted call now being compiled donates (within `limit` frames up)."""
+    frame: types.FrameType | None = frame_at(depth)
+    for _ in range(limit):
+        if frame is None:
+            return []
+        code = frame.f_code
+        if code.co_name == _CALL_FRAME[1] and frame.f_globals.get("__name__") == _CALL_FRAME[0]:
+            names = frame.f_locals
+            args, donated = names.get("args"), names.get("donated_invars")
+            if not isinstance(args, tuple) or donated is None or len(donated) != len(args):
+                return []
+            return [a for a, d in zip(args, donated, strict=True) if d]
+        frame = frame.f_back
+    return []

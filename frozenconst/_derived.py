@@ -29,12 +29,10 @@ import numpy as np
 from jax.sharding import Sharding
 from numpy.typing import DTypeLike
 
-from . import _hoisting
 from ._cache import Store
 from ._compat import Tracer, library_of
 from ._convert import to_numpy
 from ._errors import FrozenConstTypeError, FrozenConstWarning
-from ._hoisting import next_serial
 from ._host import freeze, frozen_copy, human_bytes
 
 # Taken by a derived value making its frozen copy (`Derived.frozen`).
@@ -48,13 +46,11 @@ class Derived:
     being differentiated reaches it only through `lax.stop_gradient`
     (`FrozenConst.tree_unflatten`), so `jax.grad` with respect to a tree holding
     a FrozenConst gives it a zero gradient (docs/model.md, "What a FrozenConst
-    is to pytree tools"). A concrete leaf
-    (a jitted function's output, an optimizer's update) that `frozenconst.jit`
-    meets while tracing is a parameter of the program there, as a constant is,
-    never embedded in it.
+    is to pytree tools"). A concrete leaf (a jitted function's output, an
+    optimizer's update) is a `jax.Array` to a compiled program that closes over it.
     """
 
-    __slots__ = ("__weakref__", "copy_store", "leaf", "number")
+    __slots__ = ("__weakref__", "copy_store", "leaf")
 
     concrete = False
 
@@ -62,20 +58,10 @@ class Derived:
     # read it inline), never from a store's cache slot (`Store.hot`): that hit checks what a
     # cached buffer can lose (a `jax.default_device`, deletion), which a leaf, used as it
     # is, never needs. Only `leaf` is set where one is made (`derived_of`, `copy_record`);
-    # `number` where a trace is in progress then, `copy_store` where first asked for.
+    # `copy_store` where first asked for.
     hot: None = None
     leaf: Any
-    number: int
     copy_store: Store | None
-
-    @property
-    def serial(self) -> int:
-        """As a store's: `frozenconst.jit` numbers what it meets (`_hoisting.resolve`). Taken
-        where a trace is in progress; else 0, older than every trace to come."""
-        try:
-            return self.number
-        except AttributeError:
-            return 0
 
     @property
     def hits(self) -> int:
@@ -84,7 +70,7 @@ class Derived:
 
     @hits.setter
     def hits(self, value: int) -> None:
-        """Not counted (`Store.count_hits` counts a group's uses, copies among them)."""
+        """Not counted: a derived value is used as its leaf, from no cache."""
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -101,17 +87,9 @@ class Derived:
         """The leaf's dtype: a transformation's value is JAX's already."""
         return self.dtype
 
-    def array(self, sharding: Sharding | None = None, traced: bool = True) -> Any:
-        """The leaf (a derived value has no declared sharding), or, where `frozenconst.jit`
-        traces and it is a concrete `jax.Array`, what it stands for there
-        (`_hoisting.resolve`), as for a constant."""
-        leaf = self.leaf
-        concrete = isinstance(leaf, jax.Array) and not isinstance(leaf, Tracer)
-        if traced and concrete and _hoisting.active and _hoisting.scope.frames:
-            value = _hoisting.resolve(self, sharding)
-            if value is not None:
-                return value
-        return leaf
+    def array(self, sharding: Sharding | None = None) -> Any:
+        """The leaf (a derived value has no declared sharding)."""
+        return self.leaf
 
     def frozen(self) -> Store:
         """A store of a frozen copy of the leaf, made once: no path hands out memory that
@@ -153,10 +131,6 @@ class Derived:
     def describe(self) -> str:
         """The derived value's `repr`."""
         return f"FrozenConst(derived from {self.leaf!r})"
-
-    def static_part(self, index: Any) -> jax.Array | None:
-        """None: a derived value's part is its leaf's (indexed as JAX indexes it)."""
-        return None
 
     def arrays(self) -> list[jax.Array]:
         """None cached: a derived value has no device buffers of its own."""
@@ -208,8 +182,7 @@ _WHO = {
 
 
 def copy_record(leaf: Any) -> Derived:
-    """A `Derived` around `leaf`, unnumbered (older than every trace): the record of a copy
-    `FrozenConst.tree_unflatten` made while no frozenconst.jit trace was in progress, made
+    """A `Derived` around `leaf`: the record of a copy `FrozenConst.tree_unflatten` made, made
     where first asked for (`FrozenConst._held`). `Derived` has no `__init__`, so the class
     call makes one without a Python frame, in half the time of `object.__new__`'s wrapper
     (77 against 149 ns, Python 3.11)."""
@@ -219,12 +192,8 @@ def copy_record(leaf: Any) -> Derived:
 
 
 def derived_of(leaf: Any) -> Derived:
-    """A `Derived` around `leaf`, numbered where a frozenconst.jit trace is in progress
-    (`Derived.serial`): what a trace rebuilds, or a copy made during one."""
-    derived = copy_record(leaf)
-    if _hoisting.active:
-        derived.number = next_serial()
-    return derived
+    """A `Derived` around `leaf`: what a trace rebuilds."""
+    return copy_record(leaf)
 
 
 class _NoLeaf(Derived):
@@ -235,8 +204,8 @@ class _NoLeaf(Derived):
 
     __slots__ = ()
 
-    def array(self, sharding: Sharding | None = None, traced: bool = True) -> Any:
-        """None, the leaf: no array to look for (`Derived.array`'s `isinstance` checks)."""
+    def array(self, sharding: Sharding | None = None) -> Any:
+        """None, the leaf."""
         return None
 
 

@@ -145,7 +145,7 @@ def native(dtype: np.dtype[Any]) -> np.dtype[Any]:
 
 # The dtypes JAX narrows without x64 (`jax.dtypes.canonicalize_dtype`: int64 to
 # int32, uint64 to uint32, float64 to float32, complex128 to complex64), the
-# same table from jax 0.6.2 to 0.12.0.1; every other dtype is JAX's under both
+# same table from jax 0.8.1 to 0.12.0.1; every other dtype is JAX's under both
 # settings (tests/test_cache.py checks the table against JAX's own answer).
 _NARROWED_WITHOUT_X64: frozenset[np.dtype[Any]] = frozenset(
     np.dtype(t) for t in (np.int64, np.uint64, np.float64, np.complex128)

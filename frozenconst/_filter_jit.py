@@ -1,12 +1,12 @@
-"""`frozenconst.filter_jit`: `eqx.filter_jit`'s calling convention, with `frozenconst.jit`'s hoisting.
+"""`frozenconst.filter_jit`: `eqx.filter_jit`'s calling convention, on `frozenconst.jit`.
 
 A function taking an equinox module (activations, static fields, Python
 numbers beside its arrays) cannot go through `jax.jit`, which takes arrays
 only; `eqx.filter_jit` traces the arrays and holds everything else static.
-This does the same on top of `frozenconst.jit`, so the FrozenConsts the
-function reaches are parameters of the program, never embedded, and a
-FrozenConst the function returns as it received it comes back as itself: no
-output buffer, no copy (docs/training.md). Equinox itself is not needed.
+This does the same on top of `frozenconst.jit`, and adds what `eqx.filter_jit`
+cannot: a FrozenConst the function returns as it received it comes back as
+itself, with no output buffer and no copy (docs/training.md). Equinox itself
+is not needed.
 """
 
 from __future__ import annotations
@@ -164,9 +164,8 @@ class FilterJitted(Generic[_P, _R]):
                     marks[i], out_dynamic[i] = _Returned(position), None
             return out_dynamic, _Static(out_static.treedef, tuple(marks))
 
-        # Its own signature for jax.jit, and the user's function behind `__wrapped__`, where
-        # `frozenconst.jit` finds the constants it closes over before any trace
-        # (`_groups.visible_constants`).
+        # Its own signature for jax.jit, and the user's function behind `__wrapped__`, whose
+        # file and line JAX names in its tracing errors.
         traced.__signature__ = inspect.signature(traced)  # type: ignore[attr-defined]
         traced.__wrapped__ = fun  # type: ignore[attr-defined]
         traced.__name__ = getattr(fun, "__name__", "filter_jit")

@@ -13,7 +13,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 from numpy.typing import ArrayLike, DTypeLike
 
-from . import _derived, _hoisting
+from . import _derived
 from ._cache import OWNER_REFS, STATE, Placement, Store, Use, owner_of
 from ._compat import (
     DEFAULT_DEVICE,
@@ -23,7 +23,6 @@ from ._compat import (
     array_attributes,
     frame_at,
     register_array_type,
-    top_level,
 )
 from ._derived import NO_LEAF, Derived, copy_record, derived_of, note_derived_copy
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
@@ -274,27 +273,19 @@ class FrozenConst(_StaticBase):
         if sharding is None:
             store = self._store
             array = store.hot
-            if (
-                array is not None
-                and DEFAULT_DEVICE.value is None
-                and not _hoisting.active
-                and not array.is_deleted()
-            ):
+            if array is not None and DEFAULT_DEVICE.value is None and not array.is_deleted():
                 if STATE.accounting:
                     store.hits += 1
                 return (array,), None
-            # A derived value's leaf, as `Derived.array` answers it where no frozenconst.jit
-            # trace is in progress: a copy a step rebuilt costs no more checks than this
-            # (issue #35). A store has no leaf.
+            # A derived value's leaf, as `Derived.array` answers it: a copy a step rebuilt costs
+            # no more checks than this. A store has no leaf.
             leaf = store.leaf
-            if leaf is not None and not _hoisting.active:
+            if leaf is not None:
                 return (leaf,), None
             return (store.array(None),), None
         if sharding is COPY:
-            if not _hoisting.active:
-                # A copy's own array (`_held`). `_store` is typed as a handle on a record holds it.
-                return (self._store,), None  # type: ignore[return-value]
-            return (self._held().array(None),), None
+            # A copy's own array (`_held`). `_store` is typed as a handle on a record holds it.
+            return (self._store,), None  # type: ignore[return-value]
         return (self._store.array(sharding),), None  # type: ignore[arg-type]  # a sharding, `COPY` is not
 
     def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, jax.Array]], None]:
@@ -371,16 +362,10 @@ class FrozenConst(_StaticBase):
                         user = None
                     if user is None or user.f_lasti != user_lasti or id(user.f_code) != user_code:
                         note_derived_copy(leaf, caller, cls)
+            # The array itself, its record made where first asked for (`_held`).
             handle = _new(cls)
-            if _hoisting.active:
-                # Made while a frozenconst.jit trace is in progress: numbered now
-                # (`Derived.serial`), so a record from the start.
-                handle._store = derived_of(leaf)
-                handle._sharding = None
-            else:
-                # The array itself, its record made where first asked for (`_held`).
-                handle._store = leaf  # type: ignore[assignment]  # the array, not a record: `COPY` says so
-                handle._sharding = COPY
+            handle._store = leaf  # type: ignore[assignment]  # the array, not a record: `COPY` says so
+            handle._sharding = COPY
             return handle
         elif leaf is None:
             # The placeholder `eqx.partition` leaves in the half without arrays (equinox's
@@ -411,35 +396,27 @@ class FrozenConst(_StaticBase):
     def __jax_array__(self) -> jax.Array:
         """The cached device array: on the default device, or with the declared sharding.
 
-        While `frozenconst.jit` traces, a parameter of the compiled program (a tracer).
+        Inside a trace too: a compiled program that uses it takes it as a parameter (`_hoist`).
         """
         # `Store.array`'s hit for the default placement with no `jax_default_device` set
         # (`Store.hot`), inlined: the call was a measurable part of a cache hit (`python -m
         # benchmarks compare`, rows "cache hit ...: ratio to the one-slot floor"). Anything
-        # else (a `jax.default_device` in force, a frozenconst.jit trace in progress in any
-        # thread, a buffer not served yet or deleted, a declared sharding, a derived value)
-        # is `Store.array`'s.
+        # else (a `jax.default_device` in force, a buffer not served yet or deleted, a
+        # declared sharding, a derived value) is `Store.array`'s.
         sharding = self._sharding
         if sharding is None:
             store = self._store
             array = store.hot
-            if (
-                array is not None
-                and DEFAULT_DEVICE.value is None
-                and not _hoisting.active
-                and not array.is_deleted()
-            ):
+            if array is not None and DEFAULT_DEVICE.value is None and not array.is_deleted():
                 if STATE.accounting:
                     store.hits += 1
                 return array
             leaf = store.leaf  # a derived value's, as in `tree_flatten`
-            if leaf is not None and not _hoisting.active:
+            if leaf is not None:
                 return leaf  # type: ignore[no-any-return]
             return store.array(None)
         if sharding is COPY:
-            if not _hoisting.active:
-                return self._store  # type: ignore[return-value]  # a copy's own array, as in `tree_flatten`
-            return self._held().array(None)
+            return self._store  # type: ignore[return-value]  # a copy's own array, as in `tree_flatten`
         return self._store.array(sharding)  # type: ignore[arg-type]  # a sharding, `COPY` is not
 
     def on(self, target: Target) -> jax.Array:
@@ -471,11 +448,7 @@ class FrozenConst(_StaticBase):
             True
         """
         store = self._held().constant("on")
-        # The buffer itself, inside a `frozenconst.jit` trace too (as `jax.jit` sees a
-        # closed-over array): concrete, committed, on the target's devices. A trace
-        # parameter there would be abstract, and its devices would have to match the
-        # computation's, where `jax.jit` embeds the array under the default pipeline.
-        return store.array(as_sharding(target, store.shape), traced=False)
+        return store.array(as_sharding(target, store.shape))
 
     def placed(self, target: Target) -> FrozenConst:
         """A handle on the same constant whose every use gets this placement.
@@ -677,7 +650,7 @@ class FrozenConst(_StaticBase):
         # On several devices, the array: JAX's BufferError, as for a sharded jax.Array.
         # `Any`: jax.Array's stubs declare `__dlpack__()` without DLPack's keywords, and
         # no `__dlpack_device__` (jax 0.10); its implementation has both.
-        array: Any = self._held().array(self._declared(), traced=False)
+        array: Any = self._held().array(self._declared())
         if isinstance(array, Tracer):
             return None
         devices = array.devices()
@@ -744,21 +717,8 @@ class FrozenConst(_StaticBase):
         return committed
 
     def __getitem__(self, index: Any) -> jax.Array:
-        """`x[index]`, as `jnp.asarray(x)[index]`; a static index inside a trace reads the host data.
-
-        A static index or slice (ints, slices, `None`, `...`) inside a trace that
-        frozenconst does not compile (`jax.jit`, `eqx.filter_jit`, `nnx.jit`, `vmap`)
-        takes the part from the frozen host data, as JAX takes a NumPy array's part
-        there: the program holds that part, not the whole constant (a 16 MiB table read
-        at 8 positions gave 508x the program of the NumPy array it replaced, under JAX's
-        default constant pipeline), and no device buffer of the whole constant is made
-        for it (under the simplified one). Everywhere else, the cached device buffer is
-        indexed.
-        """
-        if self._sharding is None and not top_level() and not _hoisting.tracing() and _static_index(index):
-            part = self._held().static_part(index)
-            if part is not None:
-                return part
+        """`x[index]`, as `jnp.asarray(x)[index]`: the cached device buffer indexed. Inside a
+        compiled program, a part of the constant's parameter: no data, no new device buffer."""
         return _getitem(self, index)
 
     def __len__(self) -> int:
@@ -1033,23 +993,6 @@ _NOT_BINARY = frozenset({"__neg__", "__pos__", "__abs__", "__invert__", "__round
 
 # `x[index]` wherever `FrozenConst.__getitem__` does not read the host data.
 _getitem: Callable[[FrozenConst, Any], jax.Array] = _forward_binary("__getitem__")
-
-
-def _static_index(index: Any) -> bool:
-    """Whether `index` is static, as NumPy's basic indexing: ints (not bools), slices of ints,
-    `None` and `...`, alone or in a tuple."""
-    entries = index if type(index) is tuple else (index,)
-    return all(
-        entry is None
-        or entry is Ellipsis
-        or (isinstance(entry, (int, np.integer)) and not isinstance(entry, (bool, np.bool_)))
-        or (isinstance(entry, slice) and all(_static_bound(b) for b in (entry.start, entry.stop, entry.step)))
-        for entry in entries
-    )
-
-
-def _static_bound(bound: Any) -> bool:
-    return bound is None or (isinstance(bound, (int, np.integer)) and not isinstance(bound, (bool, np.bool_)))
 
 
 def _install_operators() -> None:

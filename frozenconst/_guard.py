@@ -1,7 +1,7 @@
 """A guard for test suites: fail when traced code captures a raw NumPy constant.
 
 While a guard is open, frozenconst is shown each program JAX lowers for
-compilation (`_lowering`, which the embedding warning of `_embedding` shares)
+compilation (`_lowering`, the one place frozenconst installs into JAX)
 and walks it, with the walk `frozenconst.audit` uses, nested programs
 included. The decision is made from the constants themselves, under either
 constant pipeline, whatever else the program captures.
@@ -21,9 +21,9 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from . import _lowering
 from ._errors import CapturedNumpyConstantError, FrozenConstWarning
 from ._jaxprs import walk, where
+from ._lowering import observe, unobserve
 
 # One host array, by the memory it shows: a TypedNdArray view JAX made of a
 # user's array and the array itself are one constant.
@@ -131,7 +131,7 @@ def _attach(guard: _Guard) -> bool:
     lowering function frozenconst can see."""
     global _open
     with _lock:
-        if not _open and not _lowering.add(_observe_open):
+        if not _open and not observe(_observe_open):
             return False
         _open = (*_open, guard)
     return True
@@ -143,7 +143,7 @@ def _detach(guard: _Guard) -> None:
     with _lock:
         _open = tuple(g for g in _open if g is not guard)
         if not _open:
-            _lowering.remove(_observe_open)
+            unobserve(_observe_open)
 
 
 def _line(host: np.ndarray, eqn: Any) -> str:

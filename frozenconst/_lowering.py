@@ -1,13 +1,18 @@
-"""The programs JAX lowers, shown to frozenconst's observers before JAX lowers them.
+"""Everything frozenconst installs into JAX, installed by one call, `install()`, at import.
 
-JAX lowers every program it compiles through one function (`_compat.LOWERING_HOOK`):
-`jax.jit` functions and the wrappers built on it (`eqx.filter_jit`, `nnx.jit`,
-`frozenconst.jit`), `pmap`, primitives run eagerly, `jax.export`. frozenconst replaces
-that function once, at import, with one that shows each program to the observers
-registered here and then lowers it unchanged. The observers: the warning that JAX is
-about to embed a FrozenConst (`_embedding`), always; the pytest guard
-`no_numpy_constants` (`_guard`), while a guard is open. Lowering is what JAX does once
-per program, never per call, so an observer costs nothing on a cache hit.
+Three of JAX's lowering functions are wrapped, each once, each read by JAX through its module
+at call time (`_compat` says where and on which versions):
+
+- `pxla.lower_sharding_computation`, which lowers every jitted program: `_hoist.lower` keeps
+  FrozenConsts out of it (or embeds them and says why);
+- `core.jaxpr_const_args`, a program's hoisted constants: `_hoist.const_args` answers for the
+  lowering `_hoist.lower` runs, and JAX's own function answers everywhere else;
+- `mlir.lower_jaxpr_to_module`, which every top-level program reaches: it shows the program to
+  the observers registered here (the pytest guard `no_numpy_constants`, while a guard is open;
+  on a JAX whose hoisting frozenconst cannot reach, the warning of what is embedded).
+
+Lowering happens once per program, never on a cached call, so none of this costs a call
+anything. A program with no FrozenConst lowers exactly as JAX lowers it.
 """
 
 from __future__ import annotations
@@ -17,54 +22,80 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import _compat
+from . import _compat, _hoist
+from ._cache import DROPPED
 
 # An observer: `(program, embeds_literals)`, the closed program JAX lowers and whether its
 # literal arrays are copied into it (`_compat.lowering_embeds_literals`).
 Observer = Callable[[Any, bool], None]
 
-_lock = threading.Lock()
-# Rebound (never mutated) under `_lock`, so the lowering reads a consistent tuple unlocked.
-_observers: tuple[Observer, ...] = ()
-_installed = False
+
+class _Installed:
+    """What is installed, and the observers of programs, each change under one lock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.done = False
+        self.observing = False
+        # Rebound (never mutated) under the lock, so that a lowering reads a consistent tuple.
+        self.observers: tuple[Observer, ...] = ()
 
 
-def add(observer: Observer) -> bool:
+_installed = _Installed()
+
+
+def install() -> None:
+    """Install frozenconst's lowering into JAX, once per process (`import frozenconst` calls it)."""
+    with _installed.lock:
+        if _installed.done:
+            return
+        _installed.done = True
+        hooks = _compat.HOISTING
+        if hooks is not None:
+            original = hooks.lower
+            hooks.pxla.lower_sharding_computation = functools.wraps(original)(
+                functools.partial(_hoist.lower, original)
+            )
+            hooks.core.jaxpr_const_args = functools.wraps(hooks.const_args)(_hoist.const_args)
+        elif _observe():
+            # No hoisting to reach on this JAX: what programs embed is said instead.
+            _installed.observers = (*_installed.observers, _hoist.observe_unhoisted)
+        DROPPED.append(_hoist.dropped)
+
+
+def observe(observer: Observer) -> bool:
     """Show every program JAX lowers from now on to `observer`; False where this JAX has no
     lowering function frozenconst can see (nothing is shown then)."""
-    global _observers
-    with _lock:
-        if not _install():
+    with _installed.lock:
+        if not _observe():
             return False
-        _observers = (*_observers, observer)
+        _installed.observers = (*_installed.observers, observer)
     return True
 
 
-def remove(observer: Observer) -> None:
+def unobserve(observer: Observer) -> None:
     """Stop showing programs to `observer`."""
-    global _observers
-    with _lock:
-        _observers = tuple(o for o in _observers if o is not observer)
+    with _installed.lock:
+        _installed.observers = tuple(o for o in _installed.observers if o is not observer)
 
 
-def _install() -> bool:
-    """Replace JAX's lowering function with the observing one, once (called under `_lock`)."""
-    global _installed
-    if _installed:
+def _observe() -> bool:
+    """Replace JAX's module lowering with the observing one, once (called under the lock)."""
+    if _installed.observing:
         return True
     hook = _compat.LOWERING_HOOK
     original = None if hook is None else getattr(hook[0], hook[1], None)
     if hook is None or not callable(original):
         return False
     setattr(hook[0], hook[1], _observing(original))
-    _installed = True
+    _installed.observing = True
     return True
 
 
 def _observing(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def lower(*args: Any, **kwargs: Any) -> Any:
-        observers = _observers
+        observers = _installed.observers
         if observers:
             program = _compat.lowered_program(args, kwargs)
             embeds_literals = _compat.lowering_embeds_literals(kwargs)

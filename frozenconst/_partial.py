@@ -124,11 +124,6 @@ class PartialStore(Store):
 
     # -- the host side: slices only ---------------------------------------------
 
-    def static_part(self, index: Any) -> jax.Array | None:
-        """None: this process may not hold the part (its uses always have the declared
-        sharding, so `FrozenConst.__getitem__` does not ask)."""
-        return None
-
     @property
     def host(self) -> np.ndarray[Any, Any]:
         """The whole frozen host buffer, where this process holds it (a sharding replicated

@@ -19,7 +19,6 @@ import gc
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import FOREIGN_EMBEDDING_EXPECTED
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding, SingleDeviceSharding
@@ -27,9 +26,6 @@ from jax.sharding import PartitionSpec as P
 
 import frozenconst
 from frozenconst import FrozenConst
-
-# The `jax.jit` references embed the FrozenConsts they close over, and say so (issue #35).
-pytestmark = FOREIGN_EMBEDDING_EXPECTED
 
 # 2 KiB: above `embed_max_bytes`, so a parameter of frozenconst.jit's programs under both pipelines
 # (a captured buffer under the simplified one on a single device).

@@ -228,14 +228,10 @@ def unique_data(shape=(64, 32), dtype=np.float32, seed=None) -> np.ndarray:
 
 
 def check_a_caught_stop_never_poisons_later_functions():
-    """A stop of a constant met first inside a nested trace, caught by user code (`except
-    Exception:`), the inner trace going on without the constant: JAX caches that trace under
-    the trace's context value, so the value must never be used again. The first function
-    meets it so; four later ones of the same kind of trace (their own `embed_max_bytes`, so
-    they draw from the values the first used), each kept alive by a module-level `jax.jit`
-    closing over its parameter so that each draws a value no earlier one holds, must each
-    compute with the constant. Shared by test_hoisting.py and test_compat_fallbacks.py (the
-    latter without a way to make values in an outer trace)."""
+    """An inner `jax.jit` that catches every exception (`except Exception:`) around its use of a
+    constant, traced first inside a frozenconst.jit function; four later functions, each kept
+    alive by a module-level `jax.jit` closing over a constant, must each compute with the
+    constant."""
     import frozenconst
 
     kind = {"embed_max_bytes": 12_345}
@@ -246,7 +242,7 @@ def check_a_caught_stop_never_poisons_later_functions():
     def helper(v):
         try:
             return v + box["late"]
-        except Exception:  # catches frozenconst's stop too
+        except Exception:  # catches whatever the use raises
             return v * 0
 
     def fun(v):
@@ -271,12 +267,10 @@ def check_a_caught_stop_never_poisons_later_functions():
         later.append(f)
 
 
-# The suites that compare frozenconst with `jax.jit` (and the frameworks' own jits) as
-# the reference: those reference programs embed the FrozenConsts they close over, as
-# documented, and frozenconst says so with a FrozenConstWarning (issue #35). That warning
-# is tests/test_drop_in.py's subject; elsewhere the reference's embedding is deliberate.
-# frozenconst's own wrappers never give it, so this filter hides nothing they do.
-FOREIGN_EMBEDDING = r"(jax\.jit|jax\.pmap|jax\.export|eqx\.filter_jit|nnx\.jit) embeds FrozenConst"
-FOREIGN_EMBEDDING_EXPECTED = pytest.mark.filterwarnings(
-    f"ignore:{FOREIGN_EMBEDDING}:frozenconst.FrozenConstWarning"
-)
+def program_parameters(lowered) -> int:
+    """How many parameters the lowered program's entry function takes (JAX's own text of it):
+    the arguments kept after JAX's dead-code elimination, and each constant passed to the
+    executable (one per FrozenConst, however many uses)."""
+    text = lowered.as_text()
+    signature = text.split("func.func public @main(", 1)[1].split(") -> ", 1)[0]
+    return signature.count("%arg")

@@ -1,6 +1,6 @@
-"""Memory as frozenconst.jit functions come and go (issue #19, part 7; issue #26).
+"""Memory as jitted functions over a FrozenConst come and go.
 
-    python memory_churn_worker.py [--fresh] COUNT DEVICES FORM [FORM ...]
+    python memory_churn_worker.py COUNT DEVICES FORM [FORM ...]
 
 Each FORM is `REACH-NESTED`: how the function reaches its constant (REACH:
 `closure`, closed over; `attribute`, `self.table` of a callable object passed to
@@ -8,23 +8,18 @@ the jit; `attributes`, two such attributes, both used in the nested trace, so
 that a trace already isolated meets the second; `dict`, an entry of a dict it
 closes over; `global`, a module global it names; `module_jit`, a module-level
 `jax.jit` function that closes over the constant and that the function calls;
-`module_own`, the same made by the jit measured, so `frozenconst.jit` for
-frozenconst.jit; `module_arg`, a module-level `jax.jit` function the function
+`module_own`, the same made by the jit measured; `module_arg`, a module-level `jax.jit` function the function
 passes the constant to, from a dict) and the nested trace it uses it in (NESTED:
 `scan`, a `lax.scan` body; `jit`, an inner `jax.jit`; `grad`, an inner
 `jax.grad`; `cond`, a `lax.cond` branch; with the `module_` forms, `jit` only).
 
 For each form, makes, lowers and drops COUNT functions, first with `jax.jit`
-over the constant's device buffer, then with `frozenconst.jit` over the
-constant, in this one process on DEVICES CPU devices, and prints the heap bytes
-each grew by per function: `GROWTH <form> <jax.jit bytes> <frozenconst.jit bytes>`.
-Lowering fills every cache keyed by the trace context; XLA's compile is left
-out (the warm-up calls each kind once), as it multiplies the time by ten.
-
-With `--fresh`, the second column is `jax.jit` again, each function lowered in
-a trace context of its own (`_compat.trace_context`): what JAX's caches keyed
-by trace context cost per function where each function's traces are isolated,
-before anything of frozenconst's (the floor of `module_jit`, docs/jit.md).
+over a `jax.Array` of the constant's data, then with `jax.jit` over the constant
+(whose programs take it as a parameter), in this one process on DEVICES CPU
+devices, and prints the heap bytes each grew by per function: `GROWTH <form>
+<jax.Array bytes> <FrozenConst bytes>`. Lowering fills every cache JAX keeps of a
+program, frozenconst's rewrite of it included; XLA's compile is left out (the
+warm-up calls each kind once), as it multiplies the time by ten.
 """
 
 import ctypes
@@ -43,8 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-import frozenconst
-from frozenconst import FrozenConst, _compat
+from frozenconst import FrozenConst
 
 
 class _MallInfo2(ctypes.Structure):
@@ -118,7 +112,7 @@ NESTED = {"scan": in_scan, "jit": in_jit, "grad": in_grad, "cond": in_cond}
 
 
 class Model:
-    """A callable holding the table as an attribute: `frozenconst.jit(Model(...))`."""
+    """A callable holding the table as an attribute: `jax.jit(Model(...))`."""
 
     def __init__(self, table, nested):
         self.table = table
@@ -165,21 +159,6 @@ def make(jit, table, form):
     raise SystemExit(f"unknown form {form!r}")
 
 
-class _Fresh:
-    """`jax.jit`, each function lowered in a trace context of its own (`--fresh`)."""
-
-    def __init__(self, fun):
-        self._jitted = jax.jit(fun)
-
-    def __call__(self, *args):
-        with _compat.trace_context(next(_compat._unique)):
-            return self._jitted(*args)
-
-    def lower(self, *args):
-        with _compat.trace_context(next(_compat._unique)):
-            return self._jitted.lower(*args)
-
-
 def growth(jit, table, other, form, count):
     global TABLE, OTHER, MODULE_JIT
     TABLE, OTHER = table, other
@@ -199,21 +178,18 @@ def growth(jit, table, other, form, count):
     return grown
 
 
-def main(count, forms, fresh):
+def main(count, forms):
     data = np.arange(2048, dtype=np.float32)
     for form in forms:
         start = time.perf_counter()
         plain = growth(jax.jit, jnp.asarray(data), jnp.asarray(data + 1), form, count)
         middle = time.perf_counter()
-        if fresh:
-            ours = growth(_Fresh, jnp.asarray(data), jnp.asarray(data + 1), form, count)
-        else:
-            ours = growth(frozenconst.jit, FrozenConst(data), FrozenConst(data + 1), form, count)
+        ours = growth(jax.jit, FrozenConst(data), FrozenConst(data + 1), form, count)
         print(f"seconds {form} {middle - start:.1f} {time.perf_counter() - middle:.1f}", flush=True)
         print(f"GROWTH {form} {plain:.1f} {ours:.1f}", flush=True)
 
 
 if __name__ == "__main__":
-    argv = [a for a in sys.argv[1:] if a != "--fresh"]
+    argv = sys.argv[1:]
     jax.config.update("jax_num_cpu_devices", int(argv[1]))  # before JAX's backend starts
-    main(int(argv[0]), argv[2:], "--fresh" in sys.argv[1:])
+    main(int(argv[0]), argv[2:])

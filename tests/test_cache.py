@@ -8,14 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import FOREIGN_EMBEDDING_EXPECTED, enable_x64, live_copies, requires_cpu, unique_data
+from helpers import enable_x64, live_copies, requires_cpu, unique_data
 
 import frozenconst
 from frozenconst import FrozenConst, FrozenConstWarning
 from frozenconst._dtypes import SUPPORTED_DTYPES, follows_x64, supported
-
-# jax.jit is the reference here: its programs embed the constants they close over, as documented.
-pytestmark = FOREIGN_EMBEDDING_EXPECTED
 
 
 @pytest.mark.host_memory

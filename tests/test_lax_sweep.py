@@ -391,12 +391,16 @@ _NOT_RUN_HERE = {
     "infeed": "a host-to-device feed, which needs a host thread feeding the device",
     "outfeed": "a device-to-host feed, which needs a host thread reading it",
     "dce_sink": "returns nothing (keeps a value alive in the program): no result to compare",
+    "all_gather_reduced": "only under `shard_map` over devices with reduced mesh axes (jax 0.8)",
+    "unreduced_psum": "only under `shard_map` over devices with unreduced mesh axes (jax 0.8)",
+    "unreduced_psum_scatter": "only under `shard_map` over devices with unreduced mesh axes (jax 0.8)",
 }
 
 
 # Functions of some of the JAX versions tested only, by the versions that have them.
 _ELSEWHERE = {
     *("all_gather_invariant", "infeed", "outfeed", "pvary", "zeros_like_array"),  # 0.6.2
+    *("all_gather_reduced", "unreduced_psum", "unreduced_psum_scatter"),  # 0.8.1
     *("all_gather_done", "all_gather_start"),  # 0.9.2
     *("precv", "psend"),  # 0.9.2, 0.10.2
     *("dce_sink", "empty", "pcast", "scaled_dot", "tile"),  # 0.9.2, 0.10.2, 0.12.0.1

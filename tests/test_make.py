@@ -67,7 +67,8 @@ def test_make_test_runs_every_environment_under_each_of_its_pipelines():
             (".venv-py312", "simplified", True),
             (".venv-jax092", "default", False),
             (".venv-jax092", "simplified", True),
-            (".venv-jax062", "default", False),  # jax 0.6.2: one pipeline
+            (".venv-jax081", "default", False),
+            (".venv-jax081", "simplified", True),
         ]
     ), passes
 
@@ -128,8 +129,14 @@ def test_make_test_fast_is_the_311_default_pass_without_slow_or_subprocess_tests
 def test_each_environments_passes_share_its_compilation_cache_the_simplified_one_second():
     # The passes listed second first: within `make test` (goal `checks`) make still runs each
     # environment's default pass before the passes that reuse its programs.
-    second = ["pytest-311-simplified", "pytest-middle-simplified", "pytest-312-simplified", "package"]
-    first = ["pytest-311-default", "pytest-middle-default", "pytest-floor", "pytest-312-default"]
+    second = [
+        "pytest-311-simplified",
+        "pytest-middle-simplified",
+        "pytest-floor-simplified",
+        "pytest-312-simplified",
+        "package",
+    ]
+    first = ["pytest-311-default", "pytest-middle-default", "pytest-floor-default", "pytest-312-default"]
     lines = _dry_run("checks", f"CHECKS={' '.join(second + first)}")
     suite = _suite_lines(lines)
     order = {}
@@ -140,7 +147,7 @@ def test_each_environments_passes_share_its_compilation_cache_the_simplified_one
             env, pipeline = _env_and_pipeline(line)
         assert f"FROZENCONST_TEST_COMPILATION_CACHE={ROOT}/{env}/compilation-cache " in line, line
         order[env, pipeline] = index
-    assert len(order) == 8, order
+    assert len(order) == 9, order
     for (env, pipeline), index in order.items():
         if pipeline != "default":
             assert index > order[env, "default"], (env, pipeline, suite)
@@ -150,10 +157,10 @@ def test_within_make_test_nothing_starts_before_every_environment_is_built():
     # The short checks listed first and every environment out of date (`-W pyproject.toml`):
     # within `checks` each still waits for all four environments, so that the longest
     # passes, listed first in CHECKS, start first once they are built.
-    lines = _dry_run("-W", "pyproject.toml", "checks", "CHECKS=lint typecheck pytest-floor")
+    lines = _dry_run("-W", "pyproject.toml", "checks", "CHECKS=lint typecheck pytest-floor-default")
     built = [i for i, line in enumerate(lines) if line.startswith("touch ") and line.endswith("/.installed")]
     assert sorted(lines[i].split()[1] for i in built) == sorted(
-        f"{env}/.installed" for env in (".venv-py311", ".venv-py312", ".venv-jax062", ".venv-jax092")
+        f"{env}/.installed" for env in (".venv-py311", ".venv-py312", ".venv-jax081", ".venv-jax092")
     ), lines
     first_check = next(i for i, line in enumerate(lines) if "ruff check" in line)
     assert max(built) < first_check, lines
@@ -166,10 +173,10 @@ def test_the_suite_compiles_at_xla_optimisation_level_0_the_doctests_as_users_do
     quick = QUICK_CODEGEN + " "
     lines = _dry_run("test-fast", "checks")
     suite = _suite_lines(lines)
-    assert len(suite) == 9, suite  # test-fast, seven passes, the wheel's
+    assert len(suite) == 10, suite  # test-fast, eight passes, the wheel's
     assert all(quick in line for line in suite), suite
     doctests = [line for line in lines if "--doctest-modules" in line]
-    assert len(doctests) == 7 and not any("XLA_FLAGS" in line for line in doctests), doctests
+    assert len(doctests) == 8 and not any("XLA_FLAGS" in line for line in doctests), doctests
 
 
 def test_markers_that_leave_tests_out_are_declared():

@@ -164,17 +164,9 @@ def test_chex_compares_a_tree_of_constants_once_they_are_arrays():
 
 @pytest.mark.subprocess
 def test_jaxs_test_harness_sees_no_config_value_of_frozenconst_appear():
-    # Issue #37: JAX's `lax_numpy_test.py` run with FrozenConst operands failed `testAllClose0`:
-    # "Test changed global config values: {'frozenconst_trace_epoch': (<not present>, 0)}".
-    # frozenconst registered a config option of its own when it was imported, which pytest's
-    # entry points do at a test's first use. JAX's harness (`JaxTestCase.setUp`) compares
-    # `jax.config.values` around every test; here it wraps frozenconst's import and traces that
-    # isolate nested uses (the trace-context value frozenconst sets).
-    from frozenconst import _compat
-
-    pattern = isinstance(_compat._context_state, _compat._PatternContext)  # jax < 0.8: nothing registered
-    if not hasattr(jax, "make_user_context") and not pattern:
-        pytest.skip("jax 0.8.x: frozenconst's trace-context option is registered at import (docs/jit.md)")
+    # JAX's harness (`JaxTestCase.setUp`) compares `jax.config.values` around every test; here it
+    # wraps frozenconst's import (which pytest's entry points do at a test's first use), and
+    # programs that take constants as parameters, nested uses among them.
     source = """
         import jax, jax.numpy as jnp, numpy as np
         from jax import lax

@@ -114,6 +114,8 @@ _SCRIPT = textwrap.dedent(
     from frozenconst import FrozenConst
 
     warnings.simplefilter("error")
+    # jax 0.8's `jax.make_mesh` announces its new default axis types, on every call.
+    warnings.filterwarnings("ignore", "The default axis_types will change", DeprecationWarning)
     mode, path = sys.argv[1], sys.argv[2]
     data = np.arange(64.0, dtype=np.float32).reshape(8, 8)
     mesh = jax.make_mesh((2, 2), ("a", "b"))

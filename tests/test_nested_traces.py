@@ -1,6 +1,7 @@
-"""The trace protocol over time (issue #26): what moves a function's `NestedUse` state and what
-does not, constants met late inside nested traces, nested frozenconst.jit functions, and
-`jax.disable_jit()`. Each observed through JAX (results, programs, traces) against `jax.jit`."""
+"""Constants inside nested traces, whatever compiles them: a user's error raised as `jax.jit`
+raises it and changing nothing after it, constants reached every way inside every nested
+trace, long-lived inner jits, nested frozenconst.jit functions, and `jax.disable_jit()`. Each
+observed through JAX (results, programs, traces) against `jax.jit`."""
 
 import gc
 import traceback
@@ -11,20 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import (
-    FOREIGN_EMBEDDING,
-    FOREIGN_EMBEDDING_EXPECTED,
-    SIMPLIFIED,
     assert_float32_close,
     check_a_caught_stop_never_poisons_later_functions,
+    program_parameters,
     unique_data,
 )
 from jax import lax
 
 import frozenconst
 from frozenconst import FrozenConst, FrozenConstWarning
-
-# jax.jit is the reference here: its programs embed the constants they close over, as documented.
-pytestmark = FOREIGN_EMBEDDING_EXPECTED
 
 # 256 KiB: a parameter under the default pipeline (a captured buffer under the simplified one).
 BIG = FrozenConst(unique_data((256, 256)) / 256)
@@ -41,14 +37,11 @@ def _as_argument(big, w):
     return lax.scan(lambda carry, i: (carry + jnp.sum(big @ w) * i, None), 0.0, jnp.arange(3.0))[0]
 
 
-# -- 1. a user's error moves nothing ----------------------------------------------------------------
+# -- a user's error, raised as jax.jit raises it, changes nothing after it ----------------------------
 
 
 @pytest.mark.parametrize("first", ["bad call first", "good call first"])
 def test_a_users_error_in_a_nested_trace_raises_as_under_jax_jit_and_moves_nothing(first):
-    # The error was taken for JAX refusing the constant as a parameter: the function embedded
-    # its constant in every later program (526,667 characters against 2,300), with a
-    # FrozenConstWarning saying JAX had refused it.
     g = frozenconst.jit(_scanned)
     good = jnp.linspace(-1.0, 1.0, 256, dtype=jnp.float32)
     if first == "good call first":
@@ -57,11 +50,9 @@ def test_a_users_error_in_a_nested_trace_raises_as_under_jax_jit_and_moves_nothi
         jax.jit(_scanned)(jnp.ones(7))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no FrozenConstWarning, nor any other
-        # but the reference's: `jax.jit(_scanned)` embeds BIG, and says so (issue #35)
-        warnings.filterwarnings("ignore", FOREIGN_EMBEDDING, FrozenConstWarning)
         with pytest.raises(type(theirs.value)) as ours:
             g(jnp.ones(7))
-        # What the user sees: JAX's message, the user's line, nothing of frozenconst's retries.
+        # What the user sees: JAX's message, the user's line, nothing of frozenconst's.
         assert str(ours.value) == str(theirs.value)
         frames = traceback.extract_tb(ours.value.__traceback__)
         assert any(f.filename == __file__ and f.name == "body" for f in frames), frames
@@ -82,10 +73,7 @@ def test_the_same_error_twice_moves_nothing_either():
     assert len(g.lower(jnp.ones(256)).as_text()) < BIG.nbytes / 16
 
 
-# Issue #37: an error that does not recur, and an interrupt, during the call's diagnosis. The
-# functions donate an argument: `frozenconst.jit` then takes its constants as parameters under
-# the simplified pipeline too (where it would otherwise capture them, as jax.jit does), so both
-# pipelines diagnose.
+# An error that does not recur, and an interrupt, in functions that donate an argument.
 _DONATED = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
 
 
@@ -110,8 +98,6 @@ class _FailsOnce:
 
 @_DONATED
 def test_an_error_that_does_not_recur_is_raised_as_under_jax_jit_and_moves_nothing():
-    # It was swallowed: the retry with buffers succeeded, so frozenconst.jit said JAX had refused
-    # the parameter (untrue) and embedded the constant in every later program (issue #37).
     f = _FailsOnce()
     g = frozenconst.jit(f, donate_argnums=1)
     good = jnp.linspace(-1.0, 1.0, 256, dtype=jnp.float32)
@@ -144,9 +130,8 @@ def test_an_error_that_does_not_recur_is_raised_as_under_jax_jit_and_moves_nothi
 
 
 class _InterruptedRetry:
-    """A scan body that, when `armed`, fails with the parameter and is interrupted
-    (`KeyboardInterrupt`, the user's Ctrl-C) where the buffer stands in for it: the
-    retry that tells JAX's refusal from the user's error."""
+    """A scan body that, when `armed`, is interrupted (`KeyboardInterrupt`, the user's Ctrl-C)
+    while it is traced."""
 
     def __init__(self):
         self.armed = False
@@ -165,15 +150,13 @@ class _InterruptedRetry:
 
 @_DONATED
 def test_an_interrupt_during_the_retry_moves_nothing():
-    # It left the function half way (`TRYING`): its next good call took that for JAX's refusal,
-    # warned so, and embedded the constant in every later program (issue #37).
     f = _InterruptedRetry()
     g = frozenconst.jit(f, donate_argnums=1)
-    g(jnp.ones(256), jnp.zeros(1))  # a good first call: isolated, the constant a parameter
+    g(jnp.ones(256), jnp.zeros(1))  # a good first call: the constant a parameter
     f.armed = True
     with pytest.raises(KeyboardInterrupt):
         g(jnp.ones(256, jnp.bfloat16), jnp.zeros(1))
-    assert not f.armed  # interrupted where the buffer stood in: in the retry
+    assert not f.armed  # interrupted while traced
     with warnings.catch_warnings():
         warnings.simplefilter("error", FrozenConstWarning)  # nothing said of a refusal
         w = jnp.ones((256, 2), jnp.float32)  # a new shape: traced anew
@@ -183,45 +166,7 @@ def test_an_interrupt_during_the_retry_moves_nothing():
     np.testing.assert_allclose(np.asarray(out), np.asarray(expected), rtol=1e-5)
 
 
-def _refusing(w):
-    # What JAX's refusal looks like to the protocol (`shard_map` over `Explicit` mesh axes raises
-    # NotImplementedError for a closed-over sharded input; tests/multidevice_cases.py runs the real
-    # one on four devices): the inner trace raises where the constant is an outer trace's value.
-    def body(carry, _):
-        if isinstance(BIG_REFUSED, jax.core.Tracer) or isinstance(jnp.asarray(BIG_REFUSED), jax.core.Tracer):
-            raise NotImplementedError("Closing over this input is not supported here")
-        return carry + jnp.sum(BIG_REFUSED @ w), None
-
-    return lax.scan(body, 0.0, None, length=2)[0]
-
-
-BIG_REFUSED = FrozenConst(unique_data((256, 256)) / 256)
-
-
-def test_a_refusal_only_buffers_get_past_moves_to_buffers_once_with_a_warning():
-    g = frozenconst.jit(_refusing)
-    w = jnp.ones(256)
-    expected = jax.jit(_refusing)(w)
-    if SIMPLIFIED:
-        # Captured, as jax.jit captures it: nothing to refuse, nothing said.
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            np.testing.assert_allclose(np.asarray(g(w)), np.asarray(expected), rtol=1e-5)
-        return
-    with pytest.warns(FrozenConstWarning, match=r"float32\[256, 256\].*NotImplementedError: Closing over"):
-        out = g(w)
-    np.testing.assert_allclose(np.asarray(out), np.asarray(expected), rtol=1e-5)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # said once
-        np.testing.assert_allclose(np.asarray(g(w * 2)), np.asarray(jax.jit(_refusing)(w * 2)), rtol=1e-5)
-        # What jax.jit does with it: embedded.
-        assert len(g.lower(jnp.ones(256)).as_text()) > BIG_REFUSED.nbytes
-        # A user's error after that is the user's: raised as jax.jit raises it.
-        with pytest.raises(TypeError, match="dot_general requires contracting dimensions"):
-            g(jnp.ones(7))
-
-
-# -- 2-3. constants met late inside nested traces ----------------------------------------------------
+# -- constants reached every way inside nested traces ------------------------------------------------
 
 
 class _Model:
@@ -233,7 +178,7 @@ class _Model:
 
 
 class _TwoTables:
-    """Two attributes, both used in the nested trace: the second is met by an isolated trace."""
+    """Two attributes, both used in the nested trace: two parameters."""
 
     def __init__(self, table, nested):
         self.table, self.other, self.nested = table, FrozenConst(np.asarray(table) + 1), nested
@@ -281,105 +226,14 @@ def test_every_way_to_reach_a_constant_in_every_nested_trace_computes_and_keeps_
     table = _GLOBAL if reach == "global" else FrozenConst(unique_data((32, 64)))
     fun = _reach(reach, table, NESTED[nested])
     x = jnp.linspace(0.5, 1.5, 32 * 64, dtype=jnp.float32).reshape(32, 64)
-    ours = frozenconst.jit(fun, embed_max_bytes=0)
-    np.testing.assert_allclose(np.asarray(ours(x)), np.asarray(jax.jit(fun)(x)), rtol=2e-5)
-    # Another shape: the function's later traces keep the constant out too.
-    hlo = len(ours.lower(jnp.ones((32, 64), jnp.float32)).as_text())
-    plain = len(jax.jit(fun).lower(jnp.ones((32, 64), jnp.float32)).as_text())
-    if SIMPLIFIED:
-        assert hlo <= 1.1 * plain, (hlo, plain)  # JAX keeps it out for jax.jit too
-    else:
-        assert hlo < plain - table.nbytes, (hlo, plain)  # jax.jit embeds it
-
-
-def _two_tables_in_a_scan_body(tables):
-    def fun(x):
-        def body(c, _):
-            return c + jnp.sum(tables["a"] * x) + jnp.sum(tables["b"] * x), None
-
-        return lax.scan(body, 0.0, None, length=2)[0]
-
-    return fun
-
-
-def test_no_zeros_made_inside_a_nested_trace_stand_in_for_a_constant_met_late():
-    # The stand-in for a constant met first inside a nested trace is made in the outer trace:
-    # every scan body JAX finishes tracing inside frozenconst.jit's traces reads each constant
-    # from outside (a parameter, or zeros made outside), never zeros of its shape made there,
-    # which JAX would cache holding nothing of the outer trace. Two constants: the first
-    # stops the first trace, the second is met by an isolated trace.
-    tables = {"a": FrozenConst(unique_data((32, 64))), "b": FrozenConst(unique_data((32, 64)))}
-    fun = _two_tables_in_a_scan_body(tables)
-    bodies = []
-
-    def spy(x):
-        # The program JAX makes of `fun` here is a trace nested in frozenconst.jit's.
-        closed = jax.make_jaxpr(fun)(x)
-        scan = next(e for e in closed.jaxpr.eqns if e.primitive.name == "scan")
-        bodies.append(scan.params["jaxpr"].jaxpr)
-        return fun(x)
-
-    x = jnp.ones((32, 64), jnp.float32)
-    ours = frozenconst.jit(spy, embed_max_bytes=0)
-    np.testing.assert_allclose(np.asarray(ours(x)), np.asarray(jax.jit(fun)(x)), rtol=2e-5)
-    assert bodies
-    for body in bodies:
-        made = [e for e in body.eqns if e.primitive.name == "broadcast_in_dim"]
-        assert not any(tuple(e.outvars[0].aval.shape) == (32, 64) for e in made), body
-
-
-def test_constants_met_late_in_a_nested_trace_cost_the_traces_one_would():
-    # The first stops the first trace (not yet isolated) and is known from the second on; the
-    # second trace meets the rest and stands zeros in for them, all at once; the third is the
-    # program. On JAX without a way to make those zeros in the outer trace, each stops a trace
-    # (tests/test_compat_fallbacks.py).
-    tables = {f"t{i}": FrozenConst(np.full((16, 16), i + 1.0, np.float32)) for i in range(3)}
-    traces = []
-
-    def fun(x):
-        traces.append(1)
-        body = lambda c, _: (c + sum(jnp.sum(t * x) for t in tables.values()), None)
-        return lax.scan(body, 0.0, None, length=2)[0]
-
-    x = jnp.ones((16, 16), jnp.float32)
-    np.testing.assert_array_equal(np.asarray(frozenconst.jit(fun, embed_max_bytes=0)(x)), 2 * 256 * 6.0)
-    assert len(traces) == (1 if SIMPLIFIED and jax.device_count() == 1 else 3)
-
-
-def test_a_top_level_stand_in_closed_over_by_inner_traces_never_reaches_a_later_function():
-    # A constant met first at the top level stands in as zeros made in the outer trace: a tracer
-    # of it (what the function's code is given, observed there), which every inner trace defined
-    # in the function closes over as it closes over a parameter, so a cache entry holding it
-    # holds the trace. A later function whose trace reuses the first's context value computes
-    # with the constant.
-    # Small whole numbers: every sum below is exact in float32 whatever order XLA adds in (a
-    # parameter and an embedded constant compile differently), so the results compare equal.
-    given = []
-    for _ in range(2):
-        box = {"t": FrozenConst(np.round(4 * unique_data((32, 64))))}
-
-        def fun(x, box=box):
-            t = jnp.asarray(box["t"])  # met first here, at the top level
-            given.append(isinstance(t, jax.core.Tracer))
-            inner = jax.jit(lambda y: jnp.sum(t * y))
-            scanned = lax.scan(lambda c, _: (c + jnp.sum(t * x), None), 0.0, None, length=2)[0]
-            cond = lax.cond(x[0, 0] > 0, lambda: jnp.sum(t), lambda: 0.0)
-
-            @jax.custom_jvp
-            def f(y):
-                return jnp.sum(t * y)
-
-            f.defjvp(lambda p, tan: (f(p[0]), jnp.sum(t * tan[0])))
-            return inner(x) + scanned + cond + f(x) + jax.grad(f)(x).sum()
-
-        x = (jnp.arange(32 * 64, dtype=jnp.float32) % 3 + 1).reshape(32, 64)
-        got = frozenconst.jit(fun, embed_max_bytes=0)(x)
-        single_simplified = SIMPLIFIED and jax.device_count() == 1  # captured: the buffer, as jax.jit
-        assert given and all(given) != single_simplified, given
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(fun)(x)))
-        given.clear()
-        del fun
-        gc.collect()  # the first function's traces gone: its context value free again
+    expected = np.asarray(jax.jit(fun)(x))
+    for ours in (frozenconst.jit(lambda v: fun(v), embed_max_bytes=0), jax.jit(lambda v: fun(v))):
+        np.testing.assert_allclose(np.asarray(ours(x)), expected, rtol=2e-5)
+        # The program holds none of the table's data (8 KiB, two hex digits a byte as text): a
+        # parameter, once however many tables (`attributes` reaches two), beside `x`.
+        lowered = ours.lower(jnp.ones((32, 64), jnp.float32))
+        assert len(lowered.as_text()) < table.nbytes, reach
+        assert program_parameters(lowered) == (3 if reach == "attributes" else 2)
 
 
 def test_a_module_level_inner_jit_over_a_constant_met_late_computes_with_it():
@@ -396,12 +250,10 @@ def test_a_module_level_inner_jit_over_a_constant_met_late_computes_with_it():
         gc.collect()
 
 
-def test_zeros_standing_in_inside_a_long_lived_inner_jit_never_reach_a_later_trace():
-    # The first constant stops the first trace; the isolated second trace meets the second
-    # inside a module-level `jax.jit`, which JAX keeps traced under that trace's context value.
-    # Had the zeros been made inside that inner trace, its cache entry would hold nothing of
-    # the outer trace: the value would be free again as soon as the trace was thrown away, and
-    # the redo, drawing it, would find the inner trace with zeros (round 3's wrong result).
+def test_a_long_lived_inner_jit_and_one_made_per_trace_compute_with_their_constants():
+    # A module-level `jax.jit` that JAX keeps traced, beside one made and dropped with each trace
+    # of the outer function, each closing over a constant of its own: every new function gets
+    # the constants' values.
     first = {"t": FrozenConst(unique_data((32, 64)))}
     second = FrozenConst(unique_data((32, 64)))
     helper = jax.jit(lambda y: jnp.sum(second * y))  # lives on, and closes over `second`
@@ -419,18 +271,16 @@ def test_zeros_standing_in_inside_a_long_lived_inner_jit_never_reach_a_later_tra
         gc.collect()
 
 
-def test_a_caught_stop_of_a_late_constant_never_poisons_a_later_function():
+def test_an_inner_function_catching_every_error_never_poisons_a_later_function():
     check_a_caught_stop_never_poisons_later_functions()  # the scenario: tests/helpers.py
 
 
-# -- a. a nested frozenconst.jit meeting its constant late, inside an outer trace -------------------
+# -- a nested frozenconst.jit inside an outer trace ------------------------------------------------
 
 
-def test_a_nested_frozenconst_jit_meeting_its_constant_late_hands_the_outer_stop_back():
-    # The inner function's retry fed its constants inside its `try`: the outer trace's stop
-    # (raised while feeding) was taken for the inner's own, 64 times, then swallowed by the outer
-    # trace, which renewed the trace context all frozenconst.jit traces share, so JAX traced
-    # every inner function again (observed: a module-level jax.jit traced a second time).
+def test_a_nested_frozenconst_jit_leaves_jaxs_cached_traces_of_other_functions_alone():
+    # A module-level jax.jit traced once stays traced once, whatever frozenconst.jit functions
+    # (nested in a scan body of another) trace around it.
     traced = []
 
     @jax.jit
@@ -452,16 +302,16 @@ def test_a_nested_frozenconst_jit_meeting_its_constant_late_hands_the_outer_stop
         np.asarray(frozenconst.jit(outer, embed_max_bytes=0)(x)), np.asarray(jax.jit(outer)(x)), rtol=2e-5
     )
     frozenconst.jit(lambda v: shared_helper(v) + 1)(x)
-    assert len(traced) == 1  # the shared context was kept: JAX's cached trace found again
+    assert len(traced) == 1  # JAX's cached trace found again
 
 
-# -- b. jax.disable_jit() -----------------------------------------------------------------------------
+# -- jax.disable_jit() --------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("nested", ["top level", "scan"])
 def test_under_disable_jit_a_constant_met_late_is_its_own_values_from_the_first_run(nested):
     # Nothing is traced there: a Python check on a constant's values runs, once, on its values,
-    # as under jax.jit (a stand-in of zeros made it raise, and ran the function twice).
+    # as under jax.jit.
     table = FrozenConst(np.ones((32, 32), np.float32))  # 4 KiB: above `embed_max_bytes`
     box = {"t": table}
 

@@ -1,0 +1,234 @@
+"""Any jit: a program closing over FrozenConsts against the same program taking them as arguments.
+
+    python -m benchmarks anyjit            # K in 1, 10, 100, 1000; both pipelines
+    python -m benchmarks anyjit --quick    # K in 1, 10, 100
+
+One function adds a 4-element slice of each of K constants (2 KiB each, above
+`embed_max_bytes`) to its input, compiled four ways: plain `jax.jit` closing over
+the K FrozenConsts (frozenconst passes each to the executable as a parameter), the
+same `jax.jit` with the K tables passed as arguments (the baseline every ratio is
+against), `frozenconst.jit` closing over them, and plain `jax.jit` closing over K
+`jax.Array`s (what JAX itself does: embedded under the default pipeline, passed once
+per use under the simplified one). Per call: medians of interleaved rounds (every
+variant once per round, in an order shuffled each round), each a batch of calls of
+about 5 ms whose last result is waited for; each ratio is taken per round, then the
+median. Compile: the first call of a fresh function (trace, lowering, XLA's compile
+and the call), the median of several, against the argument form's. Each pipeline
+runs in a process of its own (JAX reads it at import).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ._harness import _block, pipeline_env, results_folder, run_worker
+
+VARIANTS = {
+    "jax.jit, FrozenConsts closed over": "plain jax.jit closing over the FrozenConsts",
+    "jax.jit, arguments": "plain jax.jit, the tables passed as arguments (the baseline)",
+    "frozenconst.jit, closed over": "frozenconst.jit closing over the FrozenConsts",
+    "jax.jit, jax.Arrays closed over": "plain jax.jit closing over jax.Arrays: JAX's own handling",
+}
+BASELINE = "jax.jit, arguments"
+SHAPE = (512,)  # 2 KiB of float32 each
+
+
+def _makers(k: int) -> dict[str, Callable[[], Callable[[], Any]]]:
+    """For each variant, a function that builds a fresh jitted function and returns a call of it."""
+    import jax
+    import jax.numpy as jnp
+
+    import frozenconst
+
+    rng = np.random.default_rng(k)
+    data = [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(k)]
+    arrays = [jnp.asarray(d) for d in data]
+    frozen = [frozenconst.FrozenConst(d) for d in data]
+    w = jnp.ones(4, jnp.float32)
+    i = jnp.int32(0)
+
+    def body(cs: Any, w: Any, i: Any) -> Any:
+        acc = w
+        for c in cs:
+            acc = acc + jax.lax.dynamic_slice_in_dim(jnp.asarray(c), i, 4)
+        return acc
+
+    def closed_frozen() -> Callable[[], Any]:
+        f = jax.jit(lambda w, i: body(frozen, w, i))
+        return lambda: f(w, i)
+
+    def arguments() -> Callable[[], Any]:
+        f = jax.jit(lambda cs, w, i: body(cs, w, i))  # a new function: JAX caches traces by function
+        return lambda: f(arrays, w, i)
+
+    def ours() -> Callable[[], Any]:
+        f = frozenconst.jit(lambda w, i: body(frozen, w, i))
+        return lambda: f(w, i)
+
+    def closed_arrays() -> Callable[[], Any]:
+        f = jax.jit(lambda w, i: body(arrays, w, i))
+        return lambda: f(w, i)
+
+    return {
+        "jax.jit, FrozenConsts closed over": closed_frozen,
+        BASELINE: arguments,
+        "frozenconst.jit, closed over": ours,
+        "jax.jit, jax.Arrays closed over": closed_arrays,
+    }
+
+
+def _first_call(make: Callable[[], Callable[[], Any]], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        gc.collect()
+        start = time.perf_counter()
+        call = make()
+        call().block_until_ready()
+        times.append(time.perf_counter() - start)
+        del call
+    return statistics.median(times)
+
+
+_BATCH_S = 0.005
+
+
+def _batch_size(call: Callable[[], Any]) -> int:
+    each = statistics.median(_block(call, 3) for _ in range(5))
+    return max(3, min(4000, round(_BATCH_S / each)))
+
+
+def measure(k: int, rounds: int, compiles: int) -> list[dict[str, Any]]:
+    makers = _makers(k)
+    for make in makers.values():  # one untimed round: what any first call pays once per process
+        make()().block_until_ready()
+    # Compile times first, interleaved: each round builds and runs a fresh function of each.
+    first: dict[str, list[float]] = {name: [] for name in makers}
+    shuffle = random.Random(k).shuffle
+    for _ in range(compiles):
+        order = list(makers)
+        shuffle(order)
+        for name in order:
+            first[name].append(_first_call(makers[name], 1))
+    calls = {name: make() for name, make in makers.items()}
+    for call in calls.values():
+        call().block_until_ready()
+    batch = {name: _batch_size(call) for name, call in calls.items()}
+    per_round: dict[str, list[float]] = {name: [] for name in calls}
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            order = list(calls)
+            shuffle(order)
+            for name in order:
+                per_round[name].append(_block(calls[name], batch[name]))
+    finally:
+        gc.enable()
+    base, base_first = per_round[BASELINE], first[BASELINE]
+    return [
+        {
+            "k": k,
+            "variant": name,
+            "call_us": statistics.median(per_round[name]) * 1e6,
+            "call_vs_arguments": statistics.median(t / b for t, b in zip(per_round[name], base, strict=True)),
+            "compile_s": statistics.median(first[name]),
+            "compile_vs_arguments": statistics.median(
+                t / b for t, b in zip(first[name], base_first, strict=True)
+            ),
+        }
+        for name in calls
+    ]
+
+
+def _worker(spec: str) -> None:
+    request = json.loads(spec)
+    rows = []
+    for k in request["ks"]:
+        rows += measure(k, request["rounds"], request["compiles"] if k < 1000 else 3)
+        print(json.dumps({"progress": f"K={k}"}), file=sys.stderr, flush=True)
+    print(json.dumps(rows))
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    ks = [1, 10, 100] if quick else [1, 10, 100, 1000]
+    rows = []
+    for pipeline, flag in (("default", None), ("simplified", "1")):
+        spec = json.dumps({"ks": ks, "rounds": 7 if quick else 21, "compiles": 3 if quick else 7})
+        measured = run_worker(
+            "benchmarks.anyjit", [spec], f"benchmark worker ({pipeline})", pipeline_env(flag)
+        )
+        rows += [{"pipeline": pipeline, **row} for row in measured]
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    out = []
+    for pipeline in ("default", "simplified"):
+        sel = [r for r in rows if r["pipeline"] == pipeline]
+        if not sel:
+            continue
+        ks = sorted({r["k"] for r in sel})
+        out += [
+            f"**{pipeline} pipeline**: per call, µs (ratio to the argument form in the same rounds); "
+            "compile and first call, ms (ratio)",
+            "",
+            "| variant | " + " | ".join(f"K = {k}" for k in ks) + " |",
+            "|---|" + "---:|" * len(ks),
+        ]
+        for variant in VARIANTS:
+            cells = []
+            for k in ks:
+                (r,) = [r for r in sel if r["k"] == k and r["variant"] == variant]
+                cells.append(
+                    f"{r['call_us']:.1f} ({r['call_vs_arguments']:.2f}x); "
+                    f"{r['compile_s'] * 1e3:.0f} ({r['compile_vs_arguments']:.2f}x)"
+                )
+            out.append(f"| {variant} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def markdown(rows: list[dict[str, Any]], env: dict[str, str], command: str) -> str:
+    lines = [
+        "# Any jit: closed over against passed as arguments",
+        "",
+        f"Generated by `{command}`.",
+        "",
+        *[f"- {k}: {v}" for k, v in env.items()],
+        "",
+        (__doc__ or "").split("\n\n", 2)[2].strip(),
+        "",
+        table(rows),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(quick: bool, docs: Any) -> list[dict[str, Any]]:
+    """Measure, then write the table and the JSON into `docs`."""
+    from ._harness import environment
+
+    rows = run(quick)
+    env = environment()
+    command = "python -m benchmarks anyjit" + (" --quick" if quick else "")
+    text = markdown(rows, env, command)
+    (docs / "anyjit-results.md").write_text(text)
+    (docs / "anyjit-results.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+    print(text)
+    return rows
+
+
+if __name__ == "__main__":  # pragma: no cover
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        _worker(sys.argv[2])
+        sys.stdout.flush()
+        os._exit(0)
+    main("--quick" in sys.argv, results_folder("--quick" in sys.argv))

@@ -1,0 +1,536 @@
+"""Where it is decided that a compiled program keeps a FrozenConst out, or embeds it and says so.
+
+Every program JAX compiles is lowered once, through one function (`_compat.HOISTING.lower`):
+`jax.jit` functions and everything built on them (`eqx.filter_jit`, `nnx.jit`,
+`frozenconst.jit`, a library's own jit, `pmap`, eager `jax.numpy` calls), and `jax.export`.
+`lower` (installed by `_lowering`) looks at the program about to be lowered: each FrozenConst
+buffer it uses above `EMBED_MAX_BYTES` becomes a parameter of the executable, through JAX's own
+machinery for hoisted constants, which passes the buffer at each call, on the C++ fast path.
+Under JAX's default pipeline the program holds such a buffer as embedded data: `hoist` turns it
+into a literal and lowering runs with hoisting on. Under the simplified pipeline JAX hoists
+literals itself: a FrozenConst used many times is passed once (`const_args`), not once per use.
+
+What cannot be kept out is embedded, as JAX embeds any array, and a `FrozenConstWarning` says
+so once per program and line, with the fix for that case (`_message`): an exported program
+(`jax.export` carries its constants), a constant whose buffer a program donates, a program JAX
+refuses to take it as a parameter of (committed to another device than the program's). Nothing
+else changes: a program without a FrozenConst lowers exactly as JAX lowers it.
+
+A program that holds a constant's buffer must never outlive it: where the buffer is dropped
+(`x.evict()`) or lost (donated, deleted), `dropped` clears JAX's caches once, so every such
+program is compiled again at its next call, with the constant's new buffer.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import types
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._cache import OWNER_REFS, Store
+from ._compat import (
+    HOISTING,
+    SIMPLIFIED_CONSTANTS,
+    Literal,
+    clear_caches,
+    closed_parts,
+    donated_arguments,
+    frame_at,
+    is_program,
+    numpy_of,
+    user_stacklevel,
+)
+from ._errors import FrozenConstWarning
+from ._host import human_bytes
+from ._jaxprs import hoist, walk, where
+
+# A FrozenConst of at most this many bytes stays embedded under JAX's default pipeline, as JAX
+# embeds any small array: each parameter adds about 0.4 us to every call of the program
+# (`python -m benchmarks anyjit`), more than a small table's bytes are worth.
+# `frozenconst.jit(f, embed_max_bytes=N)` sets another threshold for its programs, and
+# `frozenconst.audit` gives no advice below it.
+EMBED_MAX_BYTES = 1024
+
+
+class Options:
+    """What a frozenconst wrapper on the stack asks of the programs lowered for it. (JAX shares
+    a traced function's programs between the jits of one Python function: the options of the
+    wrapper that first lowered a program are that program's.)"""
+
+    __slots__ = ("embed_max_bytes", "fun", "named")
+
+    def __init__(self, embed_max_bytes: int, fun: Callable[..., Any] | None = None) -> None:
+        self.embed_max_bytes = embed_max_bytes
+        # The wrapped function (None: no wrapper), and whether the other large arrays its
+        # programs embed were named (`_name_embedded`, once per function).
+        self.fun = fun
+        self.named = False
+
+
+_DEFAULT = Options(EMBED_MAX_BYTES)
+# The frames of frozenconst's own wrappers (`JitWrapped.__call__`, `.lower`, `.trace`), each
+# with how to read its options off it: a program lowered below such a frame is that wrapper's.
+# Found by walking up the stack, at lowering only (never on a cached call).
+WRAPPER_FRAMES: dict[types.CodeType, Callable[[types.FrameType], Options | None]] = {}
+
+
+class _Lowering(threading.local):
+    """The lowering in progress in this thread: which buffers are kept out, and what
+    `const_args` answered for each program of it."""
+
+    def __init__(self) -> None:
+        self.keep_out: dict[int, Any] | None = None
+        self.answers: dict[int, tuple[Any, list[tuple[Any, Any]]]] = {}
+
+
+_lowering = _Lowering()
+
+
+class _Holders:
+    """The constants some compiled program holds as a parameter, until JAX's caches are cleared."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stores: weakref.WeakSet[Store] = weakref.WeakSet()
+
+    def add(self, stores: list[Store]) -> None:
+        with self.lock:
+            self.stores.update(stores)
+
+    def release(self, store: Store) -> bool:
+        """Whether a program may hold `store`'s buffer; then every program is dropped."""
+        with self.lock:
+            if store not in self.stores:
+                return False
+            self.stores.clear()
+            return True
+
+
+HOLDERS = _Holders()
+
+
+def dropped(store: Store) -> None:
+    """A buffer of `store` was evicted or lost: no compiled program keeps it. JAX's caches are
+    cleared (`jax.clear_caches()`) where a program took it as a parameter, so each such program
+    is compiled again at its next call, with the constant's next buffer."""
+    if HOLDERS.release(store):
+        clear_caches()
+
+
+# -- the lowering ---------------------------------------------------------------------------
+
+
+def lower(original: Callable[..., Any], closed: Any, *args: Any, **kwargs: Any) -> Any:
+    """JAX's `lower_sharding_computation(closed, ...)`, with the FrozenConsts kept out."""
+    outer_keep, outer_answers = _lowering.keep_out, _lowering.answers
+    _lowering.keep_out, _lowering.answers = None, {}  # a lowering inside this one starts clean
+    try:
+        if HOISTING is None:
+            return original(closed, *args, **kwargs)
+        options = _options()
+        if options.fun is not None and not options.named and not SIMPLIFIED_CONSTANTS:
+            _name_embedded(closed, options)
+        if not OWNER_REFS:
+            return original(closed, *args, **kwargs)
+        found = _owned(closed)
+        if HOISTING.donates(args, kwargs):
+            _note_donated()
+        if not found:
+            return original(closed, *args, **kwargs)
+        return _lower_owned(original, found, options, closed, args, kwargs)
+    finally:
+        _lowering.keep_out, _lowering.answers = outer_keep, outer_answers
+
+
+class _Use:
+    """A FrozenConst buffer a program uses: its store, and the first line of user code using it."""
+
+    __slots__ = ("line", "store", "value")
+
+    def __init__(self, value: Any, store: Store, line: str | None) -> None:
+        self.value, self.store, self.line = value, store, line
+
+
+def _owned(closed: Any, literals: bool = SIMPLIFIED_CONSTANTS) -> dict[int, _Use]:
+    """Each FrozenConst buffer `closed` uses, at every level, with its first recorded line."""
+    found: dict[int, _Use] = {}
+    try:
+        for value, eqn in walk(closed, literals=literals):
+            key = id(value)
+            use = found.get(key)
+            if use is None:
+                ref = OWNER_REFS.get(key)
+                store = None if ref is None else ref()
+                # `sharding_of` confirms the very object (an id can be reused after an array dies).
+                if store is None or not store.sharding_of(value):
+                    continue
+                found[key] = _Use(value, store, where(eqn))
+            elif use.line is None:
+                use.line = where(eqn)
+    except Exception:  # a program this walk does not understand: lowered as JAX lowers it
+        return {}
+    return found
+
+
+def _lower_owned(
+    original: Callable[..., Any],
+    found: dict[int, _Use],
+    options: Options,
+    closed: Any,
+    args: Any,
+    kwargs: Any,
+) -> Any:
+    hooks = HOISTING
+    assert hooks is not None
+    parameters = kwargs.get("lowering_parameters")
+    if parameters != hooks.default_parameters:
+        # Someone's own lowering (`jax.export`: a serialized program carries its constants).
+        exporting = bool(getattr(parameters, "for_export", False))
+        _warn(list(found.values()), "export" if exporting else "lowering")
+        return original(closed, *args, **kwargs)
+    # A constant whose buffer is donated (`volatile`) is embedded, said where the donation or
+    # the loss was met (`_donated`, `Store._lost`), not again in each program that embeds it.
+    # One that follows the default device, in a program over several devices, is given as its
+    # buffer replicated over them (made once per constant and mesh, `Store.array`), not the
+    # default buffer JAX would copy to them for every program.
+    mesh = hooks.devices_of(args, kwargs)
+    keep_out: dict[int, Any] = {}
+    placed: dict[int, Any] = {}
+    donated = False
+    for key, use in found.items():
+        if use.store.volatile:
+            donated = True
+        elif SIMPLIFIED_CONSTANTS or _nbytes(use.value) > options.embed_max_bytes:
+            value = use.value
+            if mesh is not None and not value.committed:
+                value = placed[key] = use.store.array(mesh)
+            keep_out[id(value)] = value
+    if not keep_out and not (SIMPLIFIED_CONSTANTS and donated):
+        # (Under the simplified pipeline JAX would hoist a donated constant: `const_args` embeds it.)
+        return original(closed, *args, **kwargs)
+    try:
+        lowered = _lowered(original, closed, keep_out, placed, args, kwargs)
+    except Exception as err:  # JAX refused the parameters (a device mismatch), or the user's error
+        refused, mismatch = _first_line(err), _mismatch(err)
+        del err  # its traceback holds this frame
+    else:
+        HOLDERS.add([u.store for k, u in found.items() if id(placed.get(k, u.value)) in keep_out])
+        return lowered
+    target = hooks.devices_of(args, kwargs, single=True) if mismatch else None
+    if target is not None:
+        # A constant committed elsewhere than the program runs (`x.on(d1)` in a program on d0):
+        # the same data placed where the program runs (once per constant and device), as a
+        # parameter, where JAX's default pipeline would embed it.
+        moved = dict(placed)
+        for key, use in found.items():
+            value = placed.get(key, use.value)
+            if id(value) in keep_out and value.sharding.device_set != target.device_set:
+                moved[key] = use.store.array(target)
+        kept = {
+            id(moved.get(k, u.value)): moved.get(k, u.value)
+            for k, u in found.items()
+            if id(placed.get(k, u.value)) in keep_out
+        }
+        try:
+            lowered = _lowered(original, closed, kept, moved, args, kwargs)
+        except Exception:  # not the placement, then: embedded below, or the user's error raised
+            pass
+        else:
+            HOLDERS.add([u.store for k, u in found.items() if id(moved.get(k, u.value)) in kept])
+            return lowered
+    # Every FrozenConst embedded, as JAX's default pipeline embeds any array; where that fails
+    # too, the program as JAX lowers it, whose error (the user's own) is raised as it is.
+    try:
+        lowered = _lowered(original, closed, {}, {}, args, kwargs)
+    except Exception:
+        return original(closed, *args, **kwargs)
+    _warn([u for u in found.values() if not u.store.volatile], "refused", refused)
+    return lowered
+
+
+def _lowered(
+    original: Callable[..., Any],
+    closed: Any,
+    keep_out: dict[int, Any],
+    placed: dict[int, Any],
+    args: Any,
+    kwargs: Any,
+) -> Any:
+    """`closed` lowered with the buffers in `keep_out` as parameters (each use of a buffer in
+    `placed` given the buffer it maps to) and every other FrozenConst buffer embedded."""
+    hooks = HOISTING
+    assert hooks is not None
+    program = closed
+    if placed:
+        program = hoist(closed, {} if SIMPLIFIED_CONSTANTS else keep_out, placed)
+    if not SIMPLIFIED_CONSTANTS:
+        if not keep_out:
+            return original(closed, *args, **kwargs)
+        if not placed:
+            program = hoist(closed, keep_out)
+        kwargs = {**kwargs, "lowering_parameters": hooks.hoisting(kwargs["lowering_parameters"])}
+    _lowering.keep_out = keep_out
+    try:
+        return original(program, *args, **kwargs)
+    finally:
+        _lowering.keep_out, _lowering.answers = None, {}
+
+
+def _note_donated() -> None:
+    """Act on each FrozenConst buffer the call being compiled donates (`_donated`): the program's
+    own uses of such a constant are embedded, as every program's from now on."""
+    for value in donated_arguments():
+        ref = OWNER_REFS.get(id(value))
+        store = None if ref is None else ref()
+        if store is not None and not store.volatile and store.sharding_of(value):
+            _donated(store)
+
+
+def _name_embedded(closed: Any, options: Options) -> None:
+    """Name, once per frozenconst wrapper, the large arrays other than FrozenConsts (a
+    `jax.Array`, a NumPy array) that its program closes over: JAX's default pipeline embeds them."""
+    large: list[Any] = []
+    seen: set[int] = set()
+    try:
+        for value, _ in walk(closed, literals=False):
+            if id(value) in seen or OWNER_REFS.get(id(value)) is not None:
+                continue
+            seen.add(id(value))
+            array: Any = numpy_of(value)
+            if array is None and isinstance(value, jax.Array):
+                array = value
+            if array is not None and _nbytes(array) > options.embed_max_bytes:
+                large.append(array)
+    except Exception:  # a program this walk does not understand: nothing said
+        return
+    if not large:
+        return
+    fun = options.fun
+    names = ", ".join(f"{_kind(a)} {np.dtype(a.dtype)}{list(a.shape)} ({_found(fun, a)})" for a in large)
+    warnings.warn(
+        f"frozenconst.jit: `{getattr(fun, '__qualname__', fun)!s}` closes over {names}, which JAX's "
+        "default constant pipeline embeds in the compiled program, as jax.jit does (frozenconst "
+        f"keeps out FrozenConsts above {options.embed_max_bytes} bytes, `embed_max_bytes`). Wrap "
+        "each once in `frozenconst.FrozenConst`, or pass it as an argument.",
+        FrozenConstWarning,
+        stacklevel=user_stacklevel(),
+    )
+    options.named = True  # after the warning: one raised as an error is said again
+
+
+def _kind(array: Any) -> str:
+    return "a jax.Array" if isinstance(array, jax.Array) else "a NumPy array"
+
+
+def _same(array: Any, value: Any) -> bool:
+    if value is array:
+        return True
+    # JAX records a NumPy constant as a view of it (`TypedNdArray`, from jax 0.9).
+    return isinstance(value, np.ndarray) and isinstance(array, np.ndarray) and array.base is value
+
+
+def _found(fun: Any, array: Any) -> str:
+    """Where `fun` reaches `array`, in words: closed over, a global, or only by tracing."""
+    unwrapped: Any = inspect.unwrap(fun)
+    code = getattr(unwrapped, "__code__", None)
+    cells = getattr(unwrapped, "__closure__", None) or ()
+    if code is not None:
+        for name, cell in zip(code.co_freevars, cells, strict=False):
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if _same(array, contents):
+                return f"closed over as `{name}`"
+        module_globals = getattr(unwrapped, "__globals__", {})
+        for name in code.co_names:
+            if name in module_globals and _same(array, module_globals[name]):
+                return f"the global `{name}`"
+    return "reached while tracing: an attribute, an entry, a derived FrozenConst's value"
+
+
+def const_args(jaxpr: Any) -> list[tuple[Any, Any]]:
+    """JAX's `core.jaxpr_const_args(jaxpr)`, in the lowering `lower` runs: the buffers kept out,
+    one entry per buffer however many uses, beside whatever JAX itself hoists; elsewhere, JAX's."""
+    hooks = HOISTING
+    assert hooks is not None
+    keep_out = _lowering.keep_out
+    if keep_out is None:
+        return hooks.const_args(jaxpr)
+    answers = _lowering.answers
+    known = answers.get(id(jaxpr))
+    if known is not None:
+        return known[1]
+    found: dict[Any, tuple[Any, Any]] = {}
+    if SIMPLIFIED_CONSTANTS:
+        for value, aval in hooks.const_args(jaxpr):
+            if OWNER_REFS.get(id(value)) is None:
+                found[("jax", len(found))] = (value, aval)  # JAX's own, as JAX hoists it
+            elif keep_out.get(id(value)) is value:
+                found.setdefault((id(value), aval), (value, aval))
+            # else a FrozenConst that must not be held (donated): embedded
+    else:
+        for value, aval in _literals(jaxpr, keep_out):
+            found.setdefault((id(value), aval), (value, aval))
+    answer = list(found.values())
+    answers[id(jaxpr)] = (jaxpr, answer)  # the program kept, so that its id stays its own
+    return answer
+
+
+def _literals(jaxpr: Any, keep_out: dict[int, Any]) -> list[tuple[Any, Any]]:
+    """The kept-out literals of `jaxpr` and of the programs nested in it (their order fixed by
+    the walk, so that a nested program's parameters come in the same order at every level)."""
+    out: list[tuple[Any, Any]] = []
+    for var in jaxpr.outvars:
+        if _kept(var, keep_out):
+            out.append((var.val, var.aval))
+    for eqn in jaxpr.eqns:
+        for var in eqn.invars:
+            if _kept(var, keep_out):
+                out.append((var.val, var.aval))
+        for param in eqn.params.values():
+            for sub in _programs(param):
+                out.extend(const_args(sub))
+    return out
+
+
+def _kept(var: Any, keep_out: dict[int, Any]) -> bool:
+    return isinstance(var, Literal) and keep_out.get(id(var.val)) is var.val
+
+
+def _programs(param: Any) -> list[Any]:
+    """The open programs in an equation parameter, as JAX hands them to `jaxpr_const_args`."""
+    if is_program(param):
+        return [closed_parts(param)[0]]
+    if isinstance(param, tuple | list):
+        return [p for item in param for p in _programs(item)]
+    return []
+
+
+def _options() -> Options:
+    """The options of the innermost frozenconst wrapper this lowering runs under, else the default."""
+    if WRAPPER_FRAMES:
+        frame: types.FrameType | None = frame_at(2)
+        while frame is not None:
+            read = WRAPPER_FRAMES.get(frame.f_code)
+            if read is not None:
+                found = read(frame)
+                if found is not None:
+                    return found
+            frame = frame.f_back
+    return _DEFAULT
+
+
+def _nbytes(value: Any) -> int:
+    nbytes: int = getattr(value, "nbytes", 0)
+    return nbytes
+
+
+def _mismatch(err: BaseException) -> bool:
+    """Whether `err` is JAX's refusal of an input placed on other devices than the program's."""
+    return "DeviceAssignmentMismatch" in type(err).__name__ or "incompatible devices" in str(err)
+
+
+def _first_line(err: BaseException) -> str:
+    if _mismatch(err):
+        return "it is committed to other devices than the program's"
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
+# -- what is said ---------------------------------------------------------------------------
+
+
+class _Told:
+    """What was said, per constant: once per program and line, recorded once it was shown."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.said: weakref.WeakKeyDictionary[Store, set[str]] = weakref.WeakKeyDictionary()
+
+    def new(self, store: Store, key: str) -> bool:
+        with self.lock:
+            return key not in self.said.get(store, ())
+
+    def record(self, store: Store, key: str) -> None:
+        with self.lock:
+            self.said.setdefault(store, set()).add(key)
+
+
+_told = _Told()
+
+_FIXES = {
+    "export": "An exported program carries its constants (jax.export serializes no arrays): pass "
+    "it to the function as an argument to keep it out",
+    "lowering": "This program is lowered with lowering parameters of its own, which JAX's hoisting "
+    "does not serve: pass the constant to the function as an argument to keep it out",
+    "refused": "JAX refused it as a parameter of this program ({reason}). Place the constant where "
+    "the program runs (`x.placed(device)`), or pass it as an argument",
+    "unsupported": "frozenconst cannot reach JAX's lowering on jax {reason}, so every program embeds "
+    "it, as JAX embeds any array: pass it to the function as an argument to keep it out",
+}
+
+
+def observe_unhoisted(program: Any, embeds_literals: bool) -> None:
+    """Where this JAX offers no hoisting frozenconst can reach (`_compat.HOISTING` is None):
+    warn of each FrozenConst above the threshold that a program JAX lowers embeds."""
+    if not OWNER_REFS or program is None:
+        return
+    _warn(list(_owned(program, literals=embeds_literals).values()), "unsupported", jax.__version__)
+
+
+def _warn(uses: list[_Use], why: str, reason: str = "") -> None:
+    """Warn once per program and line that these constants are embedded, and why."""
+    big = [u for u in uses if _nbytes(u.value) > EMBED_MAX_BYTES]
+    if not big:
+        return
+    keys = [f"{why}|{u.line}" for u in big]
+    new = [(u, k) for u, k in zip(big, keys, strict=True) if _told.new(u.store, k)]
+    if not new:
+        return
+    first = new[0][0]
+    more = ""
+    if len(new) > 1:
+        total = sum(_nbytes(u.value) for u, _ in new)
+        more = f" and {len(new) - 1} more FrozenConst(s), {human_bytes(total)} in all,"
+    value = first.value
+    used = first.line or "a line JAX did not record"
+    message = (
+        f"FrozenConst {np.dtype(value.dtype)}{list(value.shape)} ({human_bytes(_nbytes(value))}){more} "
+        f"is embedded in the compiled program, used at {_tail(used, 160)}. "
+        f'{_FIXES[why].format(reason=_tail(reason, 200))} (docs: "Which jit").'
+    )
+    # Shown first, recorded after: under `-W error` a warning raised as an error is said
+    # again the next time it applies.
+    warnings.warn(message, FrozenConstWarning, stacklevel=user_stacklevel())
+    for use, key in new:
+        _told.record(use.store, key)
+
+
+def _donated(store: Store) -> None:
+    """A program about to be compiled donates `store`'s buffer at every call."""
+    store.volatile = True
+    dropped(store)  # programs that hold it are compiled again, embedding it from now on
+    if store.told:
+        return
+    warnings.warn(
+        f"A jitted function donates the device buffer of FrozenConst {store.dtype}{list(store.shape)} "
+        "(it is passed in a donated argument): each call deletes it, and frozenconst transfers it "
+        "again at its next use. Programs embed this constant from now on, as JAX embeds any array. "
+        "Keep constants out of donated arguments: donate `frozenconst.partition(state)[0]` and "
+        'pass the rest undonated (docs: "Training").',
+        FrozenConstWarning,
+        stacklevel=user_stacklevel(),
+    )
+    store.told = True  # after the warning: one raised as an error is said again
+
+
+def _tail(text: str, limit: int) -> str:
+    return text if len(text) <= limit else "..." + text[len(text) - limit + 3 :]
