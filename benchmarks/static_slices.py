@@ -24,9 +24,9 @@ interpreter per pipeline. The variants hold the mask as
   embeds the slice;
 - a `jax.Array` under `jax.jit`: sliced in the program, so the default
   pipeline embeds the whole mask;
-- a `FrozenConst` under `jax.jit`: sliced from its frozen host data at trace
-  time, as NumPy slices (issue #35), so only the slice is embedded;
-- a `FrozenConst` under `frozenconst.jit`: a parameter, embedded nowhere;
+- a `FrozenConst` under `jax.jit`: the whole mask a parameter of the program
+  (hoisted at lowering, issue #46), sliced in it, embedded nowhere;
+- a `FrozenConst` under `frozenconst.jit`: the same program;
 - a `FrozenConst` sliced on the host at trace time (`np.asarray(x)[...]`, a
   read-only view), under `jax.jit`: what the NumPy original embeds.
 """

@@ -26,7 +26,6 @@ from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-import frozenconst  # noqa: E402
 from frozenconst import FrozenConst, NotAddressableError  # noqa: E402
 
 ROWS, COLS = 4096, 256  # a 4 MiB float32 embedding table

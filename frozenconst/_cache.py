@@ -161,6 +161,27 @@ def owner_of(leaf: object) -> Use | None:
     return store.sharding_of(leaf)
 
 
+def live_twin(store: Store) -> Store | None:
+    """Another live constant with `store`'s content (dtype, shape, bytes, weak type), if any.
+
+    Only constants of the same shape and dtype are compared, by fingerprint (each
+    computed once, then kept), so a process without one pays nothing (issue #47 row 18).
+    """
+    if store.partial:
+        return None
+    found = [
+        other
+        for other in list(LIVE)
+        if other is not store
+        and not other.partial
+        and (other.shape, other.dtype, other.weak) == (store.shape, store.dtype, store.weak)
+    ]
+    if not found:
+        return None
+    mine = store.fingerprint
+    return next((other for other in found if other.fingerprint == mine), None)
+
+
 # A use of a constant: its store, and the declared sharding (None: the default device).
 Use: TypeAlias = "tuple[Store, Sharding | None]"
 
@@ -191,7 +212,6 @@ class Store:
         "hot",
         "served",
         "shape",
-        "told",
         "transfers",
         "volatile",
         "weak",
@@ -234,9 +254,6 @@ class Store:
         # Whether a device buffer of it was donated or deleted behind our back: compiled
         # programs then embed it rather than hold a buffer the next donation deletes (`_hoist`).
         self.volatile = False
-        # Whether the user was told that a program donates its buffer (`_hoist`): the losses
-        # that follow are silent.
-        self.told = False
         self._lock = threading.Lock()
         self._fingerprint: str | None = None
         # Accounting (`frozenconst.stats()`): uses served from the cache, and
@@ -420,16 +437,15 @@ class Store:
         function, or `jnp.asarray(x).delete()`), and a new one made: programs that held the old
         one let go of it (`DROPPED`), and from now on programs embed the constant (`volatile`)
         rather than hold a buffer the next donation deletes. The user hears of it at each line that
-        meets the loss, unless told where the donating program was compiled."""
+        meets the loss. (A jitted call never donates a constant's buffer: `_hoist._undonated`.)"""
         self.volatile = True
         for hook in DROPPED:
             hook(self)
-        if self.told:
-            return  # told where the donating program was compiled (`_hoist`)
         warnings.warn(
             f"The device buffer of FrozenConst {self.dtype}{list(self.shape)} was deleted (donated "
-            "to a jitted function, or deleted through `jnp.asarray(x)`), so frozenconst "
-            "transferred it again. Compiled programs that held it are compiled again at their "
+            "to a program compiled ahead of time, `jax.jit(f, donate_argnums=...).lower(...)"
+            ".compile()`, or deleted through `jnp.asarray(x)`), so frozenconst transferred it "
+            "again. Compiled programs that held it are compiled again at their "
             "next call, and embed this constant from now on, as JAX embeds any array. Keep "
             "constants out of donated arguments: donate `frozenconst.partition(state)[0]` and "
             "pass the rest undonated (docs: Training).",
@@ -548,6 +564,17 @@ class Store:
             self.hot = self.served.get(None)
         for hook in DROPPED:
             hook(self)
+
+    def meet_losses(self) -> bool:
+        """Make again each served buffer of this constant deleted behind our back (`_fill`, which
+        tells of the loss): True where there was one."""
+        with self._lock:
+            lost = [key for key, array in self.served.items() if array.is_deleted()]
+        for key in lost:
+            # The keys `array` serves under: `(sharding, setting, x64)`, or the setting alone.
+            sharding, setting = (key[0], key[1]) if isinstance(key, tuple) and len(key) == 3 else (None, key)
+            self._fill(sharding, setting, key)
+        return bool(lost)
 
     def arrays(self) -> list[jax.Array]:
         """The live cached device buffers, one per placement, default ones first."""

@@ -548,6 +548,14 @@ def library_of(frame: types.FrameType) -> str:
     return package if package in _LIBRARIES else ""
 
 
+# The module whose code rebuilds the arguments of `jax.debug.print` and `jax.debug.callback`
+# (`tree_unflatten(in_tree, args)` in its callback) from the values the program printed: there a
+# FrozenConst's new array is the value to show, as a `jax.Array`'s is, not a copy of the
+# constant to warn of (issue #47 row 9). Private: `jax._src.debugging`, the module since JAX
+# 0.4; elsewhere nothing matches, and a printed constant shows as a derived copy, with the warning.
+DEBUG_CALLBACKS = "jax._src.debugging"
+
+
 # --- keeping constants out of programs at lowering (`_hoist`, `_lowering`) ---
 # Reason: under JAX's default constant pipeline, a `jax.jit` program (and every wrapper built
 # on it: `eqx.filter_jit`, `nnx.jit`, a library's own jit, `pmap`) embeds the data of each array
@@ -591,6 +599,17 @@ class Hooks:
         seventh argument after `closed`, `donated_invars`, one flag per input."""
         donated = kwargs.get("donated_invars", args[6] if len(args) > 6 else ())
         return any(donated)
+
+    @staticmethod
+    def undonated(
+        args: tuple[Any, ...], kwargs: dict[str, Any], kept: set[int]
+    ) -> tuple[Any, dict[str, Any]]:
+        """`lower`'s arguments with the inputs at the positions in `kept` no longer donated."""
+        if "donated_invars" in kwargs:
+            donated = tuple(d and i not in kept for i, d in enumerate(kwargs["donated_invars"]))
+            return args, {**kwargs, "donated_invars": donated}
+        donated = tuple(d and i not in kept for i, d in enumerate(args[6]))
+        return (*args[:6], donated, *args[7:]), kwargs
 
     @staticmethod
     def devices_of(args: tuple[Any, ...], kwargs: dict[str, Any], single: bool = False) -> Any:
@@ -744,8 +763,9 @@ def has_input_effects(jaxpr: Any) -> bool:
 _CALL_FRAME = ("jax._src.pjit", "_pjit_call_impl_python")
 
 
-def donated_arguments(depth: int = 2, limit: int = 40) -> list[Any]:
-    """The arguments the jitted call now being compiled donates (within `limit` frames up)."""
+def donated_arguments(depth: int = 2, limit: int = 40) -> list[tuple[int, Any]]:
+    """The arguments the jitted call now being compiled donates (within `limit` frames up), each
+    with its position among the program's inputs."""
     frame: types.FrameType | None = frame_at(depth)
     for _ in range(limit):
         if frame is None:
@@ -756,6 +776,6 @@ def donated_arguments(depth: int = 2, limit: int = 40) -> list[Any]:
             args, donated = names.get("args"), names.get("donated_invars")
             if not isinstance(args, tuple) or donated is None or len(donated) != len(args):
                 return []
-            return [a for a, d in zip(args, donated, strict=True) if d]
+            return [(i, a) for i, (a, d) in enumerate(zip(args, donated, strict=True)) if d]
         frame = frame.f_back
     return []

@@ -32,6 +32,7 @@ from numpy.typing import DTypeLike
 from ._cache import Store
 from ._compat import Tracer, library_of
 from ._convert import to_numpy
+from ._deferred import raise_in
 from ._errors import FrozenConstTypeError, FrozenConstWarning
 from ._host import freeze, frozen_copy, human_bytes
 
@@ -220,8 +221,8 @@ class _Told:
     because Python hashes a code object from its contents on every lookup, which cost more
     than the rest of the check; `codes` keeps each one alive, so its id is not reused.
     `lines`: the lines of user code warned of, `(id(code), line number)`. `sites`: the call
-    sites of JAX's tree functions met so far, each with the user's line it was reached from
-    last, as the number of frames up to it and that frame's call site; 0 frames where the
+    sites of JAX's tree functions met so far, each with the user's lines it was reached from
+    (the last last), each as the number of frames up to it and that frame's call site; 0 frames where the
     site is itself such a line (JAX rebuilds a jitted step's outputs straight from the
     user's call), more where a library's code is between (equinox's `filter_jit`, NNX,
     optax). Either way a copy made there again is decided by a lookup and a frame read,
@@ -236,8 +237,8 @@ class _Told:
     def __init__(self) -> None:
         self.filters: object = warnings.filters
         self.lines: set[tuple[int, int]] = set()
-        self.sites: dict[tuple[int, int], tuple[int, tuple[int, int]]] = {}
-        self.codes: list[types.CodeType] = []
+        self.sites: dict[tuple[int, int], list[tuple[int, tuple[int, int]]]] = {}
+        self.codes: dict[int, types.CodeType] = {}
         # The call site last found to be the user's line itself, as its code object (kept in
         # `codes`) and instruction: a loop's copies are made there again and again, decided
         # by two comparisons. Never the frame: that would keep its locals alive.
@@ -247,6 +248,9 @@ class _Told:
         # made there one after another, each decided by two comparisons and a frame read.
         self.site: tuple[object, int, int, int, int] = (None, -1, 0, 0, -1)
 
+
+# The user lines kept per call site of JAX's tree functions (`_Told.sites`), the latest last.
+_LINES_PER_SITE = 8
 
 # Rebound (a fresh `_Told`) where the filters changed; `FrozenConst.tree_unflatten` reads it
 # through this module, for its checks before `note_derived_copy`.
@@ -262,7 +266,21 @@ def note_derived_copy(leaf: Any, caller: types.FrameType, node: type) -> None:
     global told
     if told.filters is not warnings.filters:
         told = _Told()
-    _tell(told, caller, (id(caller.f_code), caller.f_lasti), leaf, node)
+    site = (id(caller.f_code), caller.f_lasti)
+    # A site reached from several user lines in turn (`jax.tree.map` called from two helpers,
+    # two `eqx.filter_jit` steps): each line it was reached from is kept, and found again by
+    # a frame read per line, without the stack walk (issue #47 row 4).
+    for depth, (code, lasti) in reversed(told.sites.get(site, ())):
+        frame: types.FrameType | None = caller
+        for _ in range(depth):
+            frame = None if frame is None else frame.f_back
+        if frame is not None and id(frame.f_code) == code and frame.f_lasti == lasti:
+            if depth:
+                told.site = (caller.f_code, caller.f_lasti, depth, code, lasti)
+            else:
+                told.last = (caller.f_code, caller.f_lasti)
+            return
+    _tell(told, caller, site, leaf, node)
 
 
 def _tell(told: _Told, caller: types.FrameType, site: tuple[int, int], leaf: Any, node: type) -> None:
@@ -279,30 +297,44 @@ def _tell(told: _Told, caller: types.FrameType, site: tuple[int, int], leaf: Any
     user = caller if frame is None else frame
     if user is caller:
         library, depth = "jit", 0  # no Python frame between: JAX's jit rebuilt its outputs in C++
-    told.sites[site] = (depth, (id(user.f_code), user.f_lasti))
+    line = (id(user.f_code), user.f_lineno)
+    if line not in told.lines:
+        module_globals = user.f_globals
+        count = _constants_rebuilt(caller, node)
+        among = (
+            "" if count is None else f"; the tree rebuilt there holds {count} FrozenConst{'s' * (count != 1)}"
+        )
+        try:
+            warnings.warn_explicit(
+                f"{_WHO.get(library, _WHO[''])} put a copy of FrozenConst values ({describe_leaf(leaf)}"
+                f"{among}) where the constant was, not the constant's own buffer: a second device buffer, "
+                "and no constant (an optimizer may change it; weight decay does). "
+                f'{_ADVICE.get(library, _ADVICE[""])} Said once per line (docs: "Training").',
+                FrozenConstWarning,
+                user.f_code.co_filename,
+                user.f_lineno,
+                module=module_globals.get("__name__", "<string>"),
+                # As `warnings.warn` passes them (not `module_globals`: its source lookup fails on
+                # code built by `exec`, where `warnings.warn` works).
+                registry=module_globals.setdefault("__warningregistry__", {}),
+            )
+        except FrozenConstWarning as error:
+            # Made an error by the filters: not told, so said (raised) again next time (issue #47
+            # row 3), and raised once the library's rebuild has returned (row 1, `_deferred`).
+            if not raise_in(user, error):
+                raise
+            return
+        told.lines.add(line)
+    # Told: the site and the line it was reached from are recorded, and decided without a walk.
+    entry = (depth, (id(user.f_code), user.f_lasti))
+    known = told.sites.setdefault(site, [])
+    if entry not in known:
+        known.append(entry)
+        del known[:-_LINES_PER_SITE]
     if depth:
         told.site = (caller.f_code, caller.f_lasti, depth, id(user.f_code), user.f_lasti)
-    told.codes += (caller.f_code, user.f_code)
-    line = (id(user.f_code), user.f_lineno)
-    if line in told.lines:
-        return
-    told.lines.add(line)
-    module_globals = user.f_globals
-    count = _constants_rebuilt(caller, node)
-    among = "" if count is None else f"; the tree rebuilt there holds {count} FrozenConst{'s' * (count != 1)}"
-    warnings.warn_explicit(
-        f"{_WHO.get(library, _WHO[''])} put a copy of FrozenConst values ({describe_leaf(leaf)}{among}) "
-        "where the constant was, not the constant's own buffer: a second device buffer, and no constant (an "
-        f"optimizer may change it; weight decay does). {_ADVICE.get(library, _ADVICE[''])} Said "
-        'once per line (docs: "Training").',
-        FrozenConstWarning,
-        user.f_code.co_filename,
-        user.f_lineno,
-        module=module_globals.get("__name__", "<string>"),
-        # As `warnings.warn` passes them (not `module_globals`: its source lookup fails on
-        # code built by `exec`, where `warnings.warn` works).
-        registry=module_globals.setdefault("__warningregistry__", {}),
-    )
+    told.codes.setdefault(id(caller.f_code), caller.f_code)
+    told.codes.setdefault(id(user.f_code), user.f_code)
 
 
 def _constants_rebuilt(caller: types.FrameType, node: type) -> int | None:

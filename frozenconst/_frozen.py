@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -14,8 +15,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 from numpy.typing import ArrayLike, DTypeLike
 
 from . import _derived
-from ._cache import OWNER_REFS, STATE, Placement, Store, Use, owner_of
+from ._cache import OWNER_REFS, STATE, Placement, Store, Use, live_twin, owner_of
 from ._compat import (
+    DEBUG_CALLBACKS,
     DEFAULT_DEVICE,
     DIFFERENTIATED,
     ArrayImpl,
@@ -331,6 +333,8 @@ class FrozenConst(_StaticBase):
                         return cls._of(*owner)
             # A new concrete array: a copy.
             caller = frame_at(1)  # the code that called JAX's tree function
+            if _in_debug_callback(caller):
+                return leaf  # type: ignore[return-value]  # the value `jax.debug.print` shows, as a `jax.Array`
             told = _derived.told
             code, lasti = told.last
             if caller.f_code is not code or caller.f_lasti != lasti or told.filters is not warnings.filters:
@@ -345,7 +349,7 @@ class FrozenConst(_StaticBase):
                     if known is None:
                         depth = -1  # a site not met before
                     else:
-                        depth, (user_code, user_lasti) = known
+                        depth, (user_code, user_lasti) = known[-1]
                         if depth:
                             told.site = (caller.f_code, caller.f_lasti, depth, user_code, user_lasti)
                 if depth < 0 or told.filters is not warnings.filters:
@@ -791,12 +795,17 @@ class FrozenConst(_StaticBase):
         # unpickled array is the caller's, and `FrozenConst` copies it.
         # The dtype travels too: the host data is unpickled as it was held, whatever
         # the x64 setting of the unpickling process (float64 stays float64).
+        if self._store is NO_LEAF:
+            # The placeholder a tree of `None`s holds in a constant's place (`eqx.partition`'s
+            # other half, `jax.tree.map(lambda v: None, tree)`): pickled as that, as the tree
+            # would be with a `jax.Array` there (issue #47 row 11).
+            return (_placeholder, ())
         host = self._host("pickle.dumps(x)")
         sharding = self._declared()
         if sharding is None:
             if getattr(self._held(), "weak", False):
                 return (_unpickle_weak, (host,))  # weakly typed again (`FrozenConst(0.5)`)
-            return (FrozenConst, (host, host.dtype))
+            return (_unpickle, (host,))
         return (_unpickle_placed, (host, _sharding_state(sharding)))
 
     def __format__(self, format_spec: str) -> str:
@@ -894,10 +903,31 @@ def _rebuild_sharding(state: tuple[Any, ...]) -> jax.sharding.Sharding:
     raise LookupError(f"frozenconst cannot carry a placement of this kind through pickle ({state[1]})")
 
 
+def _in_debug_callback(caller: types.FrameType) -> bool:
+    """Whether JAX's tree function was called by `jax.debug.print`'s (or `callback`'s) rebuild of
+    its arguments: that code, or `jax.tree_util.tree_unflatten` called from it."""
+    if caller.f_globals.get("__name__") == DEBUG_CALLBACKS:
+        return True
+    above = caller.f_back
+    return above is not None and above.f_globals.get("__name__") == DEBUG_CALLBACKS
+
+
+def _placeholder() -> FrozenConst:
+    """Unpickle the placeholder of a tree of `None`s: the one `tree_unflatten` makes of `None`."""
+    made = FrozenConst.tree_unflatten(None, (None,))
+    assert isinstance(made, FrozenConst)
+    return made
+
+
+def _unpickle(host: np.ndarray[Any, Any]) -> FrozenConst:
+    """Unpickle a constant: the live one of this content where there is one, else a new one."""
+    return with_live_twin(FrozenConst(host, host.dtype))
+
+
 def _unpickle_weak(host: np.ndarray[Any, Any]) -> FrozenConst:
     """Unpickle a constant made from a Python scalar: its host data as it was held, weakly typed."""
     store = Store(frozen_copy(host, host.dtype), host_memory_choice(None), weak=True)
-    return FrozenConst._of(store)  # pyright: ignore[reportPrivateUsage] - its own class's constructor
+    return with_live_twin(FrozenConst._of(store))  # pyright: ignore[reportPrivateUsage] - its own class's constructor
 
 
 def _unpickle_placed(host: np.ndarray[Any, Any], state: tuple[Any, ...]) -> FrozenConst:
@@ -911,14 +941,31 @@ def _unpickle_placed(host: np.ndarray[Any, Any], state: tuple[Any, ...]) -> Froz
             FrozenConstWarning,
             stacklevel=2,
         )
-        return FrozenConst(host, host.dtype)
-    return FrozenConst(host, host.dtype, sharding=sharding)
+        return _unpickle(host)
+    return with_live_twin(FrozenConst(host, host.dtype, sharding=sharding))
+
+
+def with_live_twin(x: FrozenConst) -> FrozenConst:
+    """`x`, or where a constant of the same content is live, a handle on that one with `x`'s
+    declared sharding: its host and device buffers, never a second copy (issue #47 row 18)."""
+    store = x._held()  # pyright: ignore[reportPrivateUsage] - its own class's
+    twin = live_twin(store) if isinstance(store, Store) else None
+    if twin is None:
+        return x
+    declared = x._declared()  # pyright: ignore[reportPrivateUsage]
+    return FrozenConst._of(twin, twin.home if declared is None else declared)  # pyright: ignore[reportPrivateUsage]
 
 
 def adopt_host(host: np.ndarray[Any, Any]) -> FrozenConst:
     """A constant over `host`, a buffer `frozen_copy` made: no further copy (pageable), or
     its copy in page-locked memory where the default host memory says so."""
     return FrozenConst._of(Store(host, host_memory_choice(None)))  # pyright: ignore[reportPrivateUsage] - its own class's constructor
+
+
+def content_key(x: FrozenConst) -> tuple[str, bool]:
+    """What `intern` compares of a concrete constant: its fingerprint and whether it is weakly typed."""
+    store = x._held()  # pyright: ignore[reportPrivateUsage] - its own class's
+    return store.fingerprint, bool(getattr(store, "weak", False))
 
 
 def use_of(x: FrozenConst) -> Use:

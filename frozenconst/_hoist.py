@@ -12,9 +12,11 @@ literals itself: a FrozenConst used many times is passed once (`const_args`), no
 
 What cannot be kept out is embedded, as JAX embeds any array, and a `FrozenConstWarning` says
 so once per program and line, with the fix for that case (`_message`): an exported program
-(`jax.export` carries its constants), a constant whose buffer a program donates, a program JAX
-refuses to take it as a parameter of (committed to another device than the program's). Nothing
-else changes: a program without a FrozenConst lowers exactly as JAX lowers it.
+(`jax.export` carries its constants), a constant whose buffer was deleted behind frozenconst's
+back, a program JAX refuses to take it as a parameter of (committed to another device than the
+program's). A jitted call that donates a state holding a constant donates everything else in it:
+the constant's buffer is kept (`_undonated`). Nothing else changes: a program without a
+FrozenConst lowers exactly as JAX lowers it.
 
 A program that holds a constant's buffer must never outlive it: where the buffer is dropped
 (`x.evict()`) or lost (donated, deleted), `dropped` clears JAX's caches once, so every such
@@ -116,6 +118,13 @@ class _Holders:
 HOLDERS = _Holders()
 
 
+def meet_losses() -> bool:
+    """Meet each loss of a buffer a compiled program holds (deleted behind frozenconst's back: a
+    program compiled ahead of time donated it, `jnp.asarray(x).delete()`): each made again, and
+    the programs compiled again at their next call. True where there was one."""
+    return any([store.meet_losses() for store in list(HOLDERS.stores)])
+
+
 def dropped(store: Store) -> None:
     """A buffer of `store` was evicted or lost: no compiled program keeps it. JAX's caches are
     cleared (`jax.clear_caches()`) where a program took it as a parameter, so each such program
@@ -141,7 +150,7 @@ def lower(original: Callable[..., Any], closed: Any, *args: Any, **kwargs: Any) 
             return original(closed, *args, **kwargs)
         found = _owned(closed)
         if HOISTING.donates(args, kwargs):
-            _note_donated()
+            args, kwargs = _undonated(args, kwargs)
         if not found:
             return original(closed, *args, **kwargs)
         return _lower_owned(original, found, options, closed, args, kwargs)
@@ -195,8 +204,8 @@ def _lower_owned(
         exporting = bool(getattr(parameters, "for_export", False))
         _warn(list(found.values()), "export" if exporting else "lowering")
         return original(closed, *args, **kwargs)
-    # A constant whose buffer is donated (`volatile`) is embedded, said where the donation or
-    # the loss was met (`_donated`, `Store._lost`), not again in each program that embeds it.
+    # A constant whose buffer was deleted behind our back (`volatile`) is embedded, said where
+    # the loss was met (`Store._lost`), not again in each program that embeds it.
     # One that follows the default device, in a program over several devices, is given as its
     # buffer replicated over them (made once per constant and mesh, `Store.array`), not the
     # default buffer JAX would copy to them for every program.
@@ -283,14 +292,23 @@ def _lowered(
         _lowering.keep_out, _lowering.answers = None, {}
 
 
-def _note_donated() -> None:
-    """Act on each FrozenConst buffer the call being compiled donates (`_donated`): the program's
-    own uses of such a constant are embedded, as every program's from now on."""
-    for value in donated_arguments():
+def _undonated(args: Any, kwargs: Any) -> tuple[Any, Any]:
+    """`lower`'s arguments with every FrozenConst buffer the call donates kept, not donated: a
+    constant is never the place for a step's outputs, and a donated buffer would be deleted at
+    every call and transferred again at every next use (issue #47 row 8). Where the call is not
+    found (an ahead-of-time `.lower()`), the donation stands, and the deleted buffer is met at
+    the constant's next use (`Store._lost`)."""
+    kept = set()
+    for index, value in donated_arguments():
         ref = OWNER_REFS.get(id(value))
         store = None if ref is None else ref()
-        if store is not None and not store.volatile and store.sharding_of(value):
-            _donated(store)
+        if store is not None and store.sharding_of(value):
+            kept.add(index)
+    if not kept:
+        return args, kwargs
+    hooks = HOISTING
+    assert hooks is not None
+    return hooks.undonated(args, kwargs, kept)
 
 
 def _name_embedded(closed: Any, options: Options) -> None:
@@ -512,24 +530,6 @@ def _warn(uses: list[_Use], why: str, reason: str = "") -> None:
     warnings.warn(message, FrozenConstWarning, stacklevel=user_stacklevel())
     for use, key in new:
         _told.record(use.store, key)
-
-
-def _donated(store: Store) -> None:
-    """A program about to be compiled donates `store`'s buffer at every call."""
-    store.volatile = True
-    dropped(store)  # programs that hold it are compiled again, embedding it from now on
-    if store.told:
-        return
-    warnings.warn(
-        f"A jitted function donates the device buffer of FrozenConst {store.dtype}{list(store.shape)} "
-        "(it is passed in a donated argument): each call deletes it, and frozenconst transfers it "
-        "again at its next use. Programs embed this constant from now on, as JAX embeds any array. "
-        "Keep constants out of donated arguments: donate `frozenconst.partition(state)[0]` and "
-        'pass the rest undonated (docs: "Training").',
-        FrozenConstWarning,
-        stacklevel=user_stacklevel(),
-    )
-    store.told = True  # after the warning: one raised as an error is said again
 
 
 def _tail(text: str, limit: int) -> str:

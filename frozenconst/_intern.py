@@ -9,10 +9,12 @@ from numpy.typing import ArrayLike, DTypeLike
 
 from ._convert import as_dtype
 from ._dtypes import native
-from ._frozen import FrozenConst, adopt_host
+from ._frozen import FrozenConst, adopt_host, content_key, with_live_twin
 from ._host import frozen_copy
 
-_TABLE: weakref.WeakValueDictionary[str, FrozenConst] = weakref.WeakValueDictionary()
+# Keyed by fingerprint and weak type: `intern(0.5)` (weakly typed, as `jnp.asarray(0.5)`)
+# and `intern(np.float32(0.5))` hold the same bytes and promote differently (issue #47 row 2).
+_TABLE: weakref.WeakValueDictionary[tuple[str, bool], FrozenConst] = weakref.WeakValueDictionary()
 _LOCK = threading.Lock()
 
 
@@ -21,8 +23,11 @@ def intern(obj: ArrayLike | FrozenConst, dtype: DTypeLike | None = None) -> Froz
 
     Two parts of a program that load the same table get one host buffer and one
     device buffer per device. The table holds constants weakly: interning never
-    keeps a constant alive. Content is compared by dtype, shape and bytes
-    ([`FrozenConst.fingerprint`][frozenconst.FrozenConst.fingerprint]).
+    keeps a constant alive. Content is compared by dtype, shape, weak type and bytes
+    ([`FrozenConst.fingerprint`][frozenconst.FrozenConst.fingerprint]). A constant
+    made without `intern` is found too (`FrozenConst(a)`, an unpickled one): the
+    first `intern` of its content returns a handle on its buffers, which later
+    calls return again. A Python scalar is weakly typed, as in `FrozenConst(0.5)`.
 
     The content is hashed from the frozen copy, never from the caller's array:
     a thread writing that array meanwhile cannot make a constant's key describe
@@ -44,22 +49,15 @@ def intern(obj: ArrayLike | FrozenConst, dtype: DTypeLike | None = None) -> Froz
         >>> a is b
         True
     """
-    if (
-        isinstance(obj, FrozenConst)
-        and obj.is_concrete
-        and (dtype is None or native(as_dtype(dtype)) == obj.host_dtype)
-    ):
-        key = obj.fingerprint
-        with _LOCK:
-            found = _TABLE.get(key)
-            if found is None:
-                _TABLE[key] = found = obj
-            return found
-    made = adopt_host(frozen_copy(obj, dtype))
-    key = made.fingerprint  # of the frozen copy: the constant's own bytes, hashed once
+    if isinstance(obj, FrozenConst):
+        if not (obj.is_concrete and (dtype is None or native(as_dtype(dtype)) == obj.host_dtype)):
+            obj = adopt_host(frozen_copy(obj, dtype))  # a copy, or another dtype: frozen anew
+    else:
+        obj = FrozenConst(obj, dtype)  # validated, copied once; weakly typed for a Python scalar
+    key = content_key(obj)  # of the frozen copy: the constant's own bytes, hashed once
     with _LOCK:
         # Another thread may have interned the same content meanwhile: keep one.
         found = _TABLE.get(key)
         if found is None:
-            _TABLE[key] = found = made
+            _TABLE[key] = found = with_live_twin(obj)
         return found

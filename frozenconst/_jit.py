@@ -22,7 +22,7 @@ import jax
 
 from ._errors import FrozenConstTypeError
 from ._frozen import FrozenConst
-from ._hoist import EMBED_MAX_BYTES, WRAPPER_FRAMES, Options
+from ._hoist import EMBED_MAX_BYTES, WRAPPER_FRAMES, Options, meet_losses
 from ._refusals import refused_as_array
 from ._tracebacks import boundary, hide_own_frames
 
@@ -69,7 +69,9 @@ class JitWrapped(Generic[_P, _R]):
         try:
             return self._jitted(*args, **kwargs)  # type: ignore[no-any-return]
         except Exception as err:
-            if not (_deleted_buffer(err) and _holds_constant(args, kwargs)):
+            # A deleted buffer of a constant this call passes, or of one a program holds (a
+            # closure): each made again, and the call made again.
+            if not (_deleted_buffer(err) and (_holds_constant(args, kwargs) or meet_losses())):
                 hide_own_frames(err)
                 refused = refused_as_array(err)
                 if refused is not None:
@@ -92,7 +94,7 @@ class JitWrapped(Generic[_P, _R]):
                 try:
                     return self._jitted(*args, **kwargs)  # type: ignore[no-any-return]
                 except Exception as again:
-                    if not (_deleted_buffer(again) and _holds_constant(args, kwargs)):
+                    if not (_deleted_buffer(again) and (_holds_constant(args, kwargs) or meet_losses())):
                         raise
                     err = again
             raise err

@@ -1,6 +1,7 @@
 """frozenconst.jit: every FrozenConst the function reaches becomes a parameter."""
 
 import functools
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -9,9 +10,12 @@ import pytest
 from helpers import (
     SIMPLIFIED,
     assert_float32_close,
+    free_port,
     live_copies,
     on_device,
     program_parameters,
+    run_bounded,
+    subprocess_env,
     unique_data,
 )
 
@@ -426,3 +430,68 @@ def test_on_inside_the_traced_function_is_the_committed_buffer_as_under_jax_jit(
     got = frozenconst.jit(lambda a: body(a))(jnp.ones(4096, jnp.float32))  # a trace of its own
     assert seen and set(seen) == set(under_jax_jit) == {(True, True, float(np.asarray(x)[3]))}
     np.testing.assert_array_equal(got, expected)
+
+
+_LIBRARY_THEN_DISTRIBUTED = """
+import sys, numpy as np, jax
+import frozenconst
+from frozenconst import FrozenConst
+# A library's module: a table, its compiled function, a jax.jit of it, an interned constant.
+TABLE = FrozenConst(np.arange(4.0, dtype=np.float32))
+mfcc_compiled = frozenconst.jit(lambda x: x * TABLE)
+plain = jax.jit(lambda x: x + TABLE)
+half, interned = FrozenConst(0.5), frozenconst.intern(np.ones(3))
+# The user, later: the distributed runtime, which must start before any backend.
+address = f"127.0.0.1:{sys.argv[1]}"
+jax.distributed.initialize(address, num_processes=1, process_id=0, initialization_timeout=60)
+try:
+    assert jax.process_count() == 1
+    print(mfcc_compiled(np.ones(4, np.float32)).tolist(), plain(np.ones(4, np.float32)).tolist())
+finally:
+    jax.distributed.shutdown()
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.pipeline_independent
+def test_wrapping_and_building_constants_start_no_backend():
+    # Issue #47 row 14: a library's module-level `frozenconst.jit` (and `jax.jit` over a
+    # FrozenConst, a FrozenConst built, interned) must leave `jax.distributed.initialize` possible.
+    code, out = run_bounded(
+        [sys.executable, "-c", _LIBRARY_THEN_DISTRIBUTED, str(free_port())], env=subprocess_env("cpu")
+    )
+    assert code == 0, out[-3000:]
+    assert "[0.0, 1.0, 2.0, 3.0] [1.0, 2.0, 3.0, 4.0]" in out, out[-3000:]
+
+
+def _raised(call):
+    try:
+        call()
+    except Exception as err:  # whatever jax.jit raises, compared below
+        return type(err), str(err).split("\n")[0]
+    return None
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"static_argnums": 5},
+        {"static_argnums": -3},
+        {"donate_argnums": 7},
+        {"static_argnums": "a"},
+        {"donate_argnums": "x"},
+        {"static_argnames": 3},
+        {"static_argnums": 0, "donate_argnums": 0},
+    ],
+    ids=repr,
+)
+def test_bad_jit_options_get_jax_jits_own_errors(options):
+    # Issue #47 row 12: the numbers and messages `jax.jit` gives, at wrapping or at the call.
+    table = FrozenConst(np.ones(3, np.float32))
+
+    def f(x):
+        return x + table
+
+    theirs = _raised(lambda: jax.jit(f, **options)(jnp.ones(3)))
+    ours = _raised(lambda: frozenconst.jit(f, **options)(jnp.ones(3)))
+    assert theirs is not None and ours == theirs

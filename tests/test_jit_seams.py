@@ -15,7 +15,6 @@ WRAPS = [pytest.param(jax.jit, id="jax.jit"), pytest.param(frozenconst.jit, id="
 # These tests donate constants on purpose; that each donation is said is tests/test_donation.py's.
 pytestmark = [
     pytest.mark.filterwarnings("ignore:The device buffer of FrozenConst:frozenconst.FrozenConstWarning"),
-    pytest.mark.filterwarnings("ignore:A jitted function donates:frozenconst.FrozenConstWarning"),
 ]
 
 

@@ -15,7 +15,7 @@ LAYERS = [
     ["_compat", "_refusals"],
     ["_dtypes"],
     ["_convert"],
-    ["_host", "_targets", "_tracebacks", "_jaxprs"],
+    ["_host", "_targets", "_tracebacks", "_jaxprs", "_deferred"],
     ["_cache"],
     ["_partial", "_derived", "_stats", "_hoist"],
     ["_frozen", "_lowering"],

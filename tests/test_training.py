@@ -381,3 +381,23 @@ def test_the_documented_pytest_configuration_makes_frozenconst_warnings_errors(t
     (tmp_path / "pyproject.toml").write_text(config)
     failed = run().stdout
     assert "1 failed" in failed and "FrozenConstWarning" in failed, failed[-3000:]
+
+
+@pytest.mark.parametrize("leaf", ["frozen", "array"])
+def test_a_tree_of_nones_in_a_constants_place_pickles_and_combines_back(leaf):
+    # Row 11 of issue #47: the half of `eqx.partition` without arrays (and any tree mapped to
+    # `None`s) holds a placeholder where the constant was; it pickles as that, as with a jax.Array.
+    import pickle
+
+    data = unique_data((8, 4))
+    table = FrozenConst(data) if leaf == "frozen" else jnp.asarray(data)
+    model = _Model(table, eqx.nn.Linear(4, 2, key=jax.random.key(0)))
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    back = eqx.combine(params, pickle.loads(pickle.dumps(static)))
+    assert jax.tree.structure(back) == jax.tree.structure(model)
+    x = jnp.ones(8)
+    np.testing.assert_array_equal(np.asarray(back(x)), np.asarray(model(x)))
+    nones = pickle.loads(pickle.dumps(jax.tree.map(lambda v: None, {"t": table})))
+    assert jax.tree.leaves(nones) == [] and jax.tree.structure(nones) == jax.tree.structure(
+        jax.tree.map(lambda v: None, {"t": table})
+    )

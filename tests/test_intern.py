@@ -1,0 +1,104 @@
+"""`intern` keeps weak types apart and finds constants however made (issue #47 rows 2 and 18)."""
+
+import gc
+import pickle
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+from helpers import live_copies, unique_data
+from hypothesis import given, settings
+
+import frozenconst
+from frozenconst import FrozenConst, _cache
+
+_SCALARS = st.one_of(
+    st.floats(-1e3, 1e3, allow_nan=False, width=32),
+    st.integers(-100, 100),
+    st.complex_numbers(max_magnitude=1e3, allow_nan=False, allow_infinity=False, width=64),
+)
+_OPERANDS = st.sampled_from(
+    [jnp.bfloat16, jnp.float16, jnp.float32, jnp.int8, jnp.uint8, jnp.int16, jnp.complex64]
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=_SCALARS, dtype=_OPERANDS, op=st.sampled_from(["mul", "add", "sub"]))
+def test_an_interned_python_scalar_promotes_as_jnp_asarray_does(value, dtype, op):
+    operand = jnp.asarray(np.arange(1, 4).astype(dtype))
+    expected = getattr(jnp.asarray(value), f"__{op}__")(operand)
+    got = getattr(frozenconst.intern(value), f"__{op}__")(operand)
+    assert jnp.asarray(frozenconst.intern(value)).weak_type
+    assert got.dtype == expected.dtype, (value, dtype)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+
+
+def test_a_weak_and_a_strong_constant_of_the_same_bytes_are_two_constants():
+    weak, strong = frozenconst.intern(0.5), frozenconst.intern(np.float32(0.5))
+    assert weak is not strong and weak.fingerprint == strong.fingerprint
+    assert (jnp.asarray(weak).weak_type, jnp.asarray(strong).weak_type) == (True, False)
+    assert frozenconst.intern(0.5) is weak and frozenconst.intern(np.float32(0.5)) is strong
+    bf16 = jnp.ones(3, jnp.bfloat16)
+    assert ((weak * bf16).dtype, (strong * bf16).dtype) == (jnp.bfloat16, jnp.float32)
+    # The seed of row 2: int8 wraps as `jnp.asarray(100) + int8` does.
+    int8 = jnp.array([100, 1], jnp.int8)
+    np.testing.assert_array_equal(frozenconst.intern(100) + int8, jnp.asarray(100) + int8)
+    assert (frozenconst.intern(100) + int8).dtype == jnp.int8
+    # And interning a weak FrozenConst finds the weak one.
+    assert frozenconst.intern(FrozenConst(0.5)) is weak
+
+
+def _pointer(x):
+    return jnp.asarray(x).unsafe_buffer_pointer()
+
+
+def test_intern_finds_a_constant_made_without_it():
+    data = unique_data((64, 32))
+    made = FrozenConst(data)
+    found = frozenconst.intern(data.copy())
+    # A handle on `made`'s host and device buffers: one of each, observed through JAX and NumPy.
+    assert np.shares_memory(np.asarray(found), np.asarray(made))
+    assert _pointer(found) == _pointer(made) and jnp.asarray(found) is jnp.asarray(made)
+    assert live_copies(data) == 1
+    assert frozenconst.intern(data) is found  # later calls return the handle the table holds
+    # Other content, dtype or shape is another constant.
+    assert frozenconst.intern(data, dtype=np.float16) is not found
+    assert not np.shares_memory(np.asarray(frozenconst.intern(data.reshape(32, 64))), np.asarray(made))
+
+
+def test_a_twin_that_died_is_not_found():
+    data = unique_data((16, 16))
+    made = FrozenConst(data)
+    del made
+    gc.collect()
+    fresh = frozenconst.intern(data)
+    np.testing.assert_array_equal(np.asarray(fresh), data)
+    holding = [s for s in list(_cache.LIVE) if s.shape == data.shape and s.fingerprint == fresh.fingerprint]
+    assert len(holding) == 1  # the new constant's store only
+
+
+def test_unpickling_a_live_constant_gives_its_buffers_back():
+    data = unique_data((32, 8))
+    table = FrozenConst(data)
+    device = _pointer(table)
+    back = pickle.loads(pickle.dumps(table))
+    assert np.shares_memory(np.asarray(back), np.asarray(table)) and _pointer(back) == device
+    weak = FrozenConst(2.5)
+    again = pickle.loads(pickle.dumps(weak))
+    assert np.shares_memory(np.asarray(again), np.asarray(weak)) and jnp.asarray(again).weak_type
+    # A placed constant keeps the pickled placement, over the live constant's host buffer.
+    device0 = jax.devices()[0]
+    placed = table.placed(device0)
+    back = pickle.loads(pickle.dumps(placed))
+    assert np.shares_memory(np.asarray(back), np.asarray(table))
+    assert back.sharding == placed.sharding and jnp.asarray(back).committed
+
+
+def test_unpickling_with_no_twin_live_makes_a_new_constant():
+    data = unique_data((8, 8))
+    blob = pickle.dumps(FrozenConst(data))
+    gc.collect()
+    back = pickle.loads(blob)
+    np.testing.assert_array_equal(np.asarray(back), data)
+    assert not np.asarray(back).flags.writeable
