@@ -84,7 +84,7 @@ $(VENV311)/.installed: pyproject.toml
 $(VENV312)/.installed: pyproject.toml
 	@test -x $(VENV312)/bin/python || $(or $(PYTHON312),$(DEMO_PYTHON)) -m venv $(VENV312)
 	$(VENV312)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
-	$(VENV312)/bin/python -m pip install $(PIP_FLAGS) -e '.[test,integration]'
+	$(VENV312)/bin/python -m pip install $(PIP_FLAGS) -e '.[test,integration,lint]'
 	@touch $@
 
 # pip picks the newest integration libraries that declare support for the pinned

@@ -29,6 +29,7 @@ from ._compat import (
     Device,
     Tracer,
     eval_context,
+    origin_module,
     uncommitted,
     user_stacklevel,
     warn_degraded,
@@ -210,6 +211,7 @@ class Store:
         "dtype",
         "hits",
         "hot",
+        "origin",
         "served",
         "shape",
         "transfers",
@@ -248,6 +250,10 @@ class Store:
         # `device_dtype()` under x64 off and on, each found on first need.
         self.device_dtypes: list[np.dtype[Any] | None] = [None, None]
         self._pinned = None
+        # The module whose code made the constant (a library's, for its tables), which the
+        # warnings about it name, so that a library can filter those of its own constants with
+        # one line (`made in `mylib`, docs: "Which jit"; issue #47 row 15).
+        self.origin: str = origin_module()
         # Whether the constant was made from a Python scalar (`FrozenConst(0.5)`): its device
         # buffers are weakly typed, and it promotes as `jnp.asarray(0.5)` does (issue #37).
         self.weak = False
@@ -441,8 +447,9 @@ class Store:
         self.volatile = True
         for hook in DROPPED:
             hook(self)
+        made = f" (made in `{self.origin}`)" if self.origin else ""
         warnings.warn(
-            f"The device buffer of FrozenConst {self.dtype}{list(self.shape)} was deleted (donated "
+            f"The device buffer of FrozenConst {self.dtype}{list(self.shape)}{made} was deleted (donated "
             "to a program compiled ahead of time, `jax.jit(f, donate_argnums=...).lower(...)"
             ".compile()`, or deleted through `jnp.asarray(x)`), so frozenconst transferred it "
             "again. Compiled programs that held it are compiled again at their "

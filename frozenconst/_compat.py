@@ -518,6 +518,9 @@ def lowering_embeds_literals(kwargs: dict[str, Any]) -> bool:
 # inside them. (Python 3.12's `warnings.warn(skip_file_prefixes=...)` does the same
 # by file; 3.11 has no such argument.)
 _LIBRARIES = frozenset({"jax", "jaxlib", "frozenconst", "optax", "equinox", "flax", "chex", "orbax"})
+# The standard library's machinery that runs other code (event loops, thread pools, context
+# managers): never the user's line (orbax restores through `asyncio`; issue #47 row 10).
+PLUMBING = frozenset({"asyncio", "concurrent", "threading", "contextlib", "functools", "selectors", "queue"})
 
 
 def user_stacklevel() -> int:
@@ -526,11 +529,28 @@ def user_stacklevel() -> int:
     here = inspect.currentframe()
     level, frame = 1, None if here is None else here.f_back
     while frame is not None:
-        if frame.f_globals.get("__name__", "").partition(".")[0] not in _LIBRARIES:
+        package = frame.f_globals.get("__name__", "").partition(".")[0]
+        if package not in _LIBRARIES and package not in PLUMBING:
             return level
         level += 1
         frame = frame.f_back
     return level
+
+
+# The packages whose code makes a constant on someone's behalf: not its origin.
+_MAKERS = frozenset({"frozenconst", "numpy", "jax", "jaxlib", "pickle", "copy", "copyreg"}) | PLUMBING
+
+
+def origin_module() -> str:
+    """The module of the first frame up the stack outside frozenconst, NumPy, JAX and the
+    standard library's plumbing: where a constant is made ("" where there is none)."""
+    frame = sys._getframe(1)  # pyright: ignore[reportPrivateUsage] - see `frame_at`
+    while frame is not None:
+        name: str = frame.f_globals.get("__name__", "")
+        if name.partition(".")[0] not in _MAKERS:
+            return name
+        frame = frame.f_back  # type: ignore[assignment]
+    return ""
 
 
 # The frame `depth` calls up the stack: CPython's `sys._getframe`, bound here once. Public in
@@ -542,10 +562,10 @@ frame_at: Callable[[int], types.FrameType] = sys._getframe  # pyright: ignore[re
 
 
 def library_of(frame: types.FrameType) -> str:
-    """The library among `_LIBRARIES` whose code `frame` runs (its top-level package), or an
-    empty string for a user's frame."""
+    """The library among `_LIBRARIES` (or the standard library's `PLUMBING`) whose code `frame`
+    runs (its top-level package), or an empty string for a user's frame."""
     package: str = frame.f_globals.get("__name__", "").partition(".")[0]
-    return package if package in _LIBRARIES else ""
+    return package if package in _LIBRARIES or package in PLUMBING else ""
 
 
 # The module whose code rebuilds the arguments of `jax.debug.print` and `jax.debug.callback`

@@ -30,7 +30,7 @@ from jax.sharding import Sharding
 from numpy.typing import DTypeLike
 
 from ._cache import Store
-from ._compat import Tracer, library_of
+from ._compat import PLUMBING, Tracer, library_of
 from ._convert import to_numpy
 from ._deferred import raise_in
 from ._errors import FrozenConstTypeError, FrozenConstWarning
@@ -288,13 +288,20 @@ def _tell(told: _Told, caller: types.FrameType, site: tuple[int, int], leaf: Any
     the line is new."""
     frame: types.FrameType | None = caller
     library, depth = "", 0
+    outermost, outer_depth = caller, 0  # the outermost frame that is no plumbing
     while frame is not None and (found := library_of(frame)):
-        if found not in ("frozenconst", "jax", "jaxlib"):
-            library = found  # the training library nearest the user's line gives the advice
-        elif not library and frame.f_globals.get("__name__") == "jax._src.pjit":
-            library = "jit"  # a jitted function's first call: JAX's jit in Python
+        if found not in PLUMBING:
+            outermost, outer_depth = frame, depth
+            if found not in ("frozenconst", "jax", "jaxlib"):
+                library = found  # the training library nearest the user's line gives the advice
+            elif not library and frame.f_globals.get("__name__") == "jax._src.pjit":
+                library = "jit"  # a jitted function's first call: JAX's jit in Python
         frame, depth = frame.f_back, depth + 1
-    user = caller if frame is None else frame
+    if frame is None:
+        # No user frame on this thread's stack (a library's own worker thread): the outermost
+        # library frame, never the standard library's event loop or pool.
+        frame, depth = outermost, outer_depth
+    user = frame
     if user is caller:
         library, depth = "jit", 0  # no Python frame between: JAX's jit rebuilt its outputs in C++
     line = (id(user.f_code), user.f_lineno)

@@ -754,6 +754,40 @@ class FrozenConst(_StaticBase):
     def __repr__(self) -> str:
         return self._held().describe()
 
+    if TYPE_CHECKING:
+        # What runs: a `jax.Array`, computed from the constant's buffer. JAX 0.12's stubs type
+        # these `-> Self`, which would make each a FrozenConst to a type checker (`x.T.evict()`
+        # passing mypy and pyright, failing when run: issue #47 row 17). The ignores name the
+        # override of `Self`; on a JAX whose stubs return `Array` there is nothing to ignore.
+        def __round__(self, ndigits: Any = None) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def __neg__(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def __pos__(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def __abs__(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def __invert__(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def conj(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def conjugate(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def copy(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def flatten(self, *args: Any, **kwargs: Any) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def ravel(self, *args: Any, **kwargs: Any) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def repeat(self, *args: Any, **kwargs: Any) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def reshape(self, *args: Any, **kwargs: Any) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def round(self, *args: Any, **kwargs: Any) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def squeeze(self, *args: Any, **kwargs: Any) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def swapaxes(self, *args: Any, **kwargs: Any) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def take(self, *args: Any, **kwargs: Any) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def transpose(self, *args: Any) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def view(self, *args: Any, **kwargs: Any) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def addressable_data(self, index: int) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def to_device(self, *args: Any, **kwargs: Any) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        @property
+        def T(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        @property
+        def mT(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        @property
+        def real(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        @property
+        def imag(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+
     # -- scalar conversions, as `jax.Array` allows them ------------------------
 
     def __bool__(self) -> bool:

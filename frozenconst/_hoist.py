@@ -11,7 +11,7 @@ into a literal and lowering runs with hoisting on. Under the simplified pipeline
 literals itself: a FrozenConst used many times is passed once (`const_args`), not once per use.
 
 What cannot be kept out is embedded, as JAX embeds any array, and a `FrozenConstWarning` says
-so once per program and line, with the fix for that case (`_message`): an exported program
+so once per constant, case and line of user code, with the fix for that case (`_FIXES`): an exported program
 (`jax.export` carries its constants), a constant whose buffer was deleted behind frozenconst's
 back, a program JAX refuses to take it as a parameter of (committed to another device than the
 program's). A jitted call that donates a state holding a constant donates everything else in it:
@@ -467,14 +467,21 @@ def _first_line(err: BaseException) -> str:
 
 
 class _Told:
-    """What was said, per constant: once per program and line, recorded once it was shown."""
+    """What was said, per constant: once per case and line, recorded once it was shown, and
+    forgotten where Python's warning filters change (`warnings.catch_warnings`, a new filter),
+    as Python forgets what its registries showed: a warning ignored under one filter is said
+    under the next, so no test's filters decide what another's see (issue #47 row 15)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.said: weakref.WeakKeyDictionary[Store, set[str]] = weakref.WeakKeyDictionary()
+        self.filters: tuple[int, int] = (id(warnings.filters), len(warnings.filters))
 
     def new(self, store: Store, key: str) -> bool:
         with self.lock:
+            filters = (id(warnings.filters), len(warnings.filters))
+            if filters != self.filters:
+                self.said, self.filters = weakref.WeakKeyDictionary(), filters
             return key not in self.said.get(store, ())
 
     def record(self, store: Store, key: str) -> None:
@@ -505,7 +512,7 @@ def observe_unhoisted(program: Any, embeds_literals: bool) -> None:
 
 
 def _warn(uses: list[_Use], why: str, reason: str = "") -> None:
-    """Warn once per program and line that these constants are embedded, and why."""
+    """Warn once per constant, case (`why`) and line that these constants are embedded, and why."""
     big = [u for u in uses if _nbytes(u.value) > EMBED_MAX_BYTES]
     if not big:
         return
@@ -519,10 +526,13 @@ def _warn(uses: list[_Use], why: str, reason: str = "") -> None:
         total = sum(_nbytes(u.value) for u, _ in new)
         more = f" and {len(new) - 1} more FrozenConst(s), {human_bytes(total)} in all,"
     value = first.value
-    used = first.line or "a line JAX did not record"
+    # Where JAX recorded no line for the use (inside `shard_map`), the warning's own location,
+    # the user's line that compiles the program, is the one to name (issue #47 row 13).
+    used = "" if first.line is None else f", used at {_tail(first.line, 160)}"
+    made = f", made in `{first.store.origin}`" if first.store.origin else ""
     message = (
-        f"FrozenConst {np.dtype(value.dtype)}{list(value.shape)} ({human_bytes(_nbytes(value))}){more} "
-        f"is embedded in the compiled program, used at {_tail(used, 160)}. "
+        f"FrozenConst {np.dtype(value.dtype)}{list(value.shape)} ({human_bytes(_nbytes(value))}{made}){more} "
+        f"is embedded in the compiled program{used}. "
         f'{_FIXES[why].format(reason=_tail(reason, 200))} (docs: "Which jit").'
     )
     # Shown first, recorded after: under `-W error` a warning raised as an error is said

@@ -478,3 +478,77 @@ def test_static_slices_read_many_times_make_no_device_buffers_a_jax_arrays_do_no
     ours, fn = new_buffers(table)
     assert ours <= theirs, (ours, theirs)  # nothing per read (before: 8 slices of 32 KiB kept)
     np.testing.assert_array_equal(fn(x), reference(x))
+
+
+@pytest.mark.parametrize("inner", ["checkpoint", "shard_map"])
+def test_a_constant_inside_checkpoint_or_shard_map_is_a_parameter_and_an_export_names_the_line(inner):
+    # Row 13: the foreign-jit warning said "used at a line JAX did not record" there. Now the
+    # constant is a parameter (nothing said); where a program must embed it (`jax.export`),
+    # the warning is this file's line, and names no line JAX did not record.
+    from jax import export
+    from jax.sharding import PartitionSpec as P
+
+    table = _wide_table()
+    body = lambda y: jnp.tanh(table @ y)
+    if inner == "checkpoint":
+        fn = jax.jit(lambda x: jax.checkpoint(body)(x))
+    else:
+        mesh = jax.make_mesh((1,), ("x",))
+        fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P()))
+    x = jnp.ones(128)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", frozenconst.FrozenConstWarning)
+        lowered = fn.lower(x)
+        np.testing.assert_allclose(fn(x), jnp.tanh(jnp.asarray(table) @ x), rtol=1e-6)
+    assert program_parameters(lowered) == 2 and len(lowered.as_text()) < table.nbytes
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        export.export(fn)(jax.ShapeDtypeStruct((128,), jnp.float32))
+    (told,) = [w for w in caught if issubclass(w.category, frozenconst.FrozenConstWarning)]
+    assert told.filename == __file__ and "did not record" not in str(told.message)
+    assert "is embedded in the compiled program" in str(told.message)
+
+
+_LIBRARY = """
+import numpy as np, jax.numpy as jnp
+from frozenconst import FrozenConst
+MEL = FrozenConst(np.linspace(0.0, 1.0, 64 * 64, dtype=np.float32).reshape(64, 64))
+def log_mel(s):
+    return jnp.log(MEL @ s + 1.0)
+"""
+
+
+def test_a_library_scopes_the_warnings_about_its_constants_in_one_line(tmp_path, monkeypatch):
+    # Row 15: a filter with `module="mylib"` did nothing (the warning is the user's line), and
+    # under `-W error` the outcome depended on the order of the tests.
+    from jax import export
+
+    package = tmp_path / "mylib_row15"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "tables.py").write_text(_LIBRARY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import mylib_row15.tables as tables
+
+    mine = _wide_table()
+    spec = jax.ShapeDtypeStruct((64,), jnp.float32)
+    theirs = lambda: export.export(jax.jit(lambda s: tables.log_mel(s)))(spec)  # a user's function
+    ours = lambda: export.export(jax.jit(lambda s: mine[:64, :64] @ s))(spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", frozenconst.FrozenConstWarning)
+        for _ in range(3):  # raised each time it applies: no order between tests matters
+            with pytest.raises(frozenconst.FrozenConstWarning, match=r"made in `mylib_row15\.tables`"):
+                theirs()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", r".*made in `mylib_row15[.`]", frozenconst.FrozenConstWarning)
+        theirs()
+        ours()
+    told = [str(w.message) for w in caught if issubclass(w.category, frozenconst.FrozenConstWarning)]
+    assert len(told) == 1 and f"made in `{__name__}`" in told[0], told
+    with warnings.catch_warnings(record=True) as caught:  # the library's line, with the filter gone
+        warnings.simplefilter("always")
+        theirs()
+    assert [w.filename for w in caught if issubclass(w.category, frozenconst.FrozenConstWarning)] == [
+        __file__
+    ]

@@ -181,7 +181,10 @@ def test_deleted_or_donated_buffer_is_transferred_again():
     with pytest.warns(frozenconst.FrozenConstWarning, match="was deleted"):
         np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), data)
     donating = jax.jit(lambda v: v * 2, donate_argnums=0)
-    donating(x).block_until_ready()
+    donating(x).block_until_ready()  # a jitted call keeps the constant's buffer out of the donation
+    assert not jnp.asarray(x).is_deleted()
+    ahead = jax.jit(lambda v: v * 3, donate_argnums=0).lower(x).compile()
+    ahead(x).block_until_ready()  # compiled ahead of time: donated, deleted
     with pytest.warns(frozenconst.FrozenConstWarning, match="was deleted"):
         np.testing.assert_array_equal(np.asarray(x + 0), data)
     np.testing.assert_array_equal(np.asarray(x), data)  # the host buffer is untouched by donation

@@ -251,3 +251,23 @@ def test_restore_keeps_constants_and_takes_every_restored_leaf(shape, drop_other
             assert o is t
         else:
             assert o is next(taken)
+
+
+def test_a_restore_that_copies_a_constant_names_each_users_line(tmp_path):
+    # Issue #47 row 10: orbax restores through `asyncio`; the copy warning named
+    # `asyncio/events.py` once, and the second line was never told.
+    import warnings
+
+    tree = {"w": jnp.ones(4), "t": FrozenConst(unique_data((8,)))}
+    _save(tmp_path / "a", tree)
+    with ocp.StandardCheckpointer() as checkpointer, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        first = checkpointer.restore(tmp_path / "a", tree)  # one line
+        second = checkpointer.restore(tmp_path / "a", tree)  # another
+    told = [w for w in caught if issubclass(w.category, frozenconst.FrozenConstWarning)]
+    assert [(w.filename, w.lineno) for w in told] == [
+        (__file__, told[0].lineno),
+        (__file__, told[0].lineno + 1),
+    ], [(w.filename, w.lineno) for w in told]
+    for restored in (first, second):
+        np.testing.assert_array_equal(np.asarray(restored["t"]), np.asarray(tree["t"]))

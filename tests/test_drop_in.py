@@ -178,8 +178,9 @@ def test_a_warning_exactly_where_jax_embeds_the_constant(form):
     if embedded:
         text = str(caught[0].message)
         assert len(text) <= 600, len(text)
+        made = f"made in `{__name__}`"
         assert text.startswith(
-            "FrozenConst float32[64, 64] (16.0 KiB) is embedded in the compiled program"
+            f"FrozenConst float32[64, 64] (16.0 KiB, {made}) is embedded in the compiled"
         ), text
         assert "pass it to the function as an argument" in text
         assert caught[0].filename == __file__  # the user's line that called the function

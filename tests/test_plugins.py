@@ -207,3 +207,38 @@ def test_the_plugins_are_top_level_modules_shipped_with_the_package():
     assert set(wheel["targets"]["wheel"]["only-include"]) == {"frozenconst"} | {
         f"{name}.py" for name in PLUGIN_MODULES
     }
+
+
+_EXPECTING = """
+    import jax, jax.numpy as jnp, numpy as np
+    import pytest
+    import frozenconst
+
+    TABLE = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+
+    def test_fixture_and_raises(no_numpy_constants):
+        with pytest.raises(frozenconst.CapturedNumpyConstantError):
+            jax.jit(lambda v: TABLE @ v)(jnp.ones(64))
+
+    def test_context_manager_and_raises():
+        with pytest.raises(frozenconst.CapturedNumpyConstantError):
+            with frozenconst.no_numpy_constants():
+                jax.jit(lambda v: TABLE @ v + 1)(jnp.ones(64))
+"""
+
+
+@pytest.mark.subprocess
+def test_the_fixture_reports_after_the_body_and_the_context_manager_raises(env, tmp_path, request):
+    # Issue #47 row 19, as docs/testing.md says: the fixture's report comes once the body has
+    # run, so `pytest.raises` around the line sees nothing; the context manager's block raises.
+    request.getfixturevalue("needs_raw_numpy_lowering")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_user.py").write_text(textwrap.dedent(_EXPECTING))
+    code, log = run_bounded(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "test_user.py"],
+        env=env,
+        cwd=tmp_path,
+    )
+    assert code == 1 and "1 failed, 1 passed" in log, log[-4000:]
+    assert "FAILED test_user.py::test_fixture_and_raises - Failed: DID NOT RAISE" in log, log[-4000:]
+    assert "frozenconst.no_numpy_constants also found 1 raw NumPy constant" in log, log[-4000:]
