@@ -163,7 +163,8 @@ def owner_of(leaf: object) -> Use | None:
 
 
 def live_twin(store: Store) -> Store | None:
-    """Another live constant with `store`'s content (dtype, shape, bytes, weak type), if any.
+    """Another live constant with `store`'s content (dtype, shape, bytes, weak type) in the same
+    host memory (page-locked or not), if any.
 
     Only constants of the same shape and dtype are compared, by fingerprint (each
     computed once, then kept), so a process without one pays nothing (issue #47 row 18).
@@ -176,6 +177,7 @@ def live_twin(store: Store) -> Store | None:
         if other is not store
         and not other.partial
         and (other.shape, other.dtype, other.weak) == (store.shape, store.dtype, store.weak)
+        and other.host_memory == store.host_memory
     ]
     if not found:
         return None

@@ -100,6 +100,7 @@ JAX_LAX_REFUSALS: dict[str, tuple[str, ...]] = {
     # with one leaf) comes back as a FrozenConst around the result, a derived copy that
     # a FrozenConstWarning names, where its cached buffer comes back as a jax.Array.
     "jax.lax.all_gather(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.lax.all_gather_invariant(x)": ("0.8.1",),
     "jax.lax.all_to_all(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
     "jax.lax.associative_scan(elems)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
     "jax.lax.optimization_barrier(operand)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
@@ -107,10 +108,12 @@ JAX_LAX_REFUSALS: dict[str, tuple[str, ...]] = {
     "jax.lax.pmean(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
     "jax.lax.pmin(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
     "jax.lax.ppermute(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.lax.preduced(x)": ("0.8.1",),
     "jax.lax.pshuffle(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
     "jax.lax.psum(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
     "jax.lax.psum_scatter(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
     "jax.lax.pswapaxes(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.lax.pvary(x)": ("0.8.1",),
     "jax.lax.stop_gradient(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
     "jax.lax.with_sharding_constraint(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
     # They compare the structure of a pytree argument with another's (the carry a loop body

@@ -29,7 +29,8 @@ def _same(a, b, values=True):
     assert ta == tb, (ta, tb)
     for u, v in zip(la, lb, strict=True):
         assert type(u) is type(v), (type(u), type(v))
-        if isinstance(u, (jax.Array, np.ndarray)):
+        # (jax 0.8's `TypedNdArray`, a NumPy array with a JAX dtype, in some results: an array too.)
+        if isinstance(u, (jax.Array, np.ndarray)) or type(u).__name__ == "TypedNdArray":
             assert u.dtype == v.dtype and u.shape == v.shape
             if values:
                 np.testing.assert_array_equal(np.asarray(u), np.asarray(v))

@@ -424,7 +424,8 @@ _REPR_NAMES = re.compile(r"^(FrozenConst|ArrayImpl|Array)\(")
 
 def _same_leaf(u: Any, v: Any) -> None:
     assert type(u) is type(v), (type(u), type(v))
-    if isinstance(u, (jax.Array, np.ndarray, np.generic)):
+    # (jax 0.8's `TypedNdArray`, a NumPy array with a JAX dtype, in some results: an array too.)
+    if isinstance(u, (jax.Array, np.ndarray, np.generic)) or type(u).__name__ == "TypedNdArray":
         assert (u.dtype, u.shape) == (v.dtype, v.shape), ((u.dtype, u.shape), (v.dtype, v.shape))
         assert np.asarray(u).tobytes() == np.asarray(v).tobytes(), (u, v)
     elif isinstance(u, str):
