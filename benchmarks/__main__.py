@@ -12,6 +12,8 @@
     python -m benchmarks finetune        # the five fine-tuning examples, as written and with the one line
     python -m benchmarks startup         # what the entry points add to `import hypothesis` and to pytest
     python -m benchmarks static-slices   # HLO bytes of a Whisper decoder stand-in slicing its causal mask
+    python -m benchmarks export          # programs saved without their constants, beside jax.export,
+                                         # up to 2.5 GiB of constants
     python -m benchmarks compare REV     # the core section's per-call figures: git revision REV's
                                          # frozenconst against the working tree's (not part of "all")
     python -m benchmarks accelerator     # device memory, mutation, first transfer per host-memory
@@ -46,6 +48,7 @@ from . import (
     constants,
     core,
     disk,
+    export,
     finetune,
     multihost,
     seed,
@@ -195,6 +198,7 @@ def main() -> None:
             "multihost",
             "startup",
             "static-slices",
+            "export",
             "compare",
             "accelerator",
         ],
@@ -239,6 +243,7 @@ def main() -> None:
         "multihost": lambda: multihost.main(args.quick, docs),
         "startup": lambda: startup.main(args.quick, docs),
         "static-slices": lambda: static_slices.main(docs),  # HLO bytes only: the same with --quick
+        "export": lambda: export.main([1, 64] if args.quick else [1, 64, 2560], docs),
         # Not in "all": a check for a change, against a revision; and the
         # accelerator's section, whose files are the accelerator's (`make gpu`).
         "compare": lambda: compare.main(args.rev, args.quick, docs, args.pairs),

@@ -18,6 +18,10 @@ from ._errors import FrozenConstValueError as FrozenConstValueError
 from ._errors import FrozenConstWarning as FrozenConstWarning
 from ._errors import NotAddressableError as NotAddressableError
 from ._errors import TracedValueError as TracedValueError
+from ._export import Exported as Exported
+from ._export import Loaded as Loaded
+from ._export import export as export
+from ._export import load as load
 from ._filter_jit import filter_jit as filter_jit
 from ._flax import register_flax as register_flax
 from ._flax import register_if_imported as _register_if_imported

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import inspect
 import os
 import sys
@@ -799,3 +800,99 @@ def donated_arguments(depth: int = 2, limit: int = 40) -> list[tuple[int, Any]]:
             return [(i, a) for i, (a, d) in enumerate(zip(args, donated, strict=True)) if d]
         frame = frame.f_back
     return []
+
+
+# --- programs exported without their constants (`_export`) ---
+# Reason: `jax.export` embeds every constant (its lowering never hoists: "the export
+# serialization does not currently support serialization of arrays", JAX's constants doc).
+# `frozenconst.export` exports `g(constants, *args)` instead, and lowers it with JAX's own
+# hoisting on, the FrozenConst buffers as the hoisted constants: JAX threads each through every
+# nested function as a parameter of `main` (marked `jax.const`), placed after the platform index,
+# dimension and token arguments and before the array inputs. `rewire_hoisted` then gives `main`
+# the program's own signature: a new public `main` without those parameters, calling the
+# lowered one with, in each hoisted constant's place, the input of `g` that carries it. That is
+# how `jax.export` itself wraps `main` for shape polymorphism (`_export._wrap_main_func`).
+# Private, no public alternative: `pxla.MeshComputation._hlo` (the lowered module, which
+# `jax.export` copies before its own rewriting) and `.const_args` (the hoisted values, in the
+# order of `main`'s parameters), and JAX's MLIR bindings (`jax._src.interpreters.mlir.ir`,
+# `jax._src.lib.mlir.dialects.func`). Checked on jax 0.8.1, 0.9.2, 0.10.2 and 0.12.0.1.
+# Fallback: where any is missing, False, and `frozenconst.export` refuses with a clear error
+# rather than writing a program that embeds the constants.
+def hoisted_values(lowering: Any) -> list[Any] | None:
+    """The constants a lowering hoisted as parameters of its `main`, in order, or None."""
+    values = getattr(lowering, "const_args", None)
+    return None if values is None else list(values)
+
+
+def rewire_hoisted(lowering: Any, inputs: list[int]) -> bool:
+    """Give the lowered `main` the program's own signature: hoisted constant `j` (of
+    `hoisted_values`) is the program's array input `inputs[j]`. False where it cannot."""
+    try:
+        _mlir: Any = importlib.import_module("jax._src.interpreters.mlir")
+        _func: Any = importlib.import_module("jax._src.lib.mlir.dialects").func
+        ir: Any = _mlir.ir
+        module: Any = lowering._hlo
+    except (ImportError, AttributeError):  # pragma: no cover - a future layout
+        return False
+    with module.context, ir.Location.unknown(module.context):
+        table = ir.SymbolTable(module.operation)
+        main = table["main"]
+        attrs = list(ir.ArrayAttr(main.arg_attrs))
+        hoisted = [i for i, a in enumerate(attrs) if "jax.const" in ir.DictAttr(a)]
+        if not hoisted:
+            return not inputs
+        first = hoisted[0]
+        if hoisted != list(range(first, first + len(hoisted))) or len(hoisted) != len(inputs):
+            return False
+        types = list(main.type.inputs)
+        kept = [i for i in range(len(types)) if i not in set(hoisted)]
+        name = "_frozenconst_export_main"
+        main.attributes["sym_visibility"] = ir.StringAttr.get("private")
+        main.attributes["sym_name"] = ir.StringAttr.get(name)
+        new_main = _func.FuncOp(
+            "main",
+            ir.FunctionType.get([types[i] for i in kept], list(main.type.results)),
+            ip=ir.InsertionPoint.at_block_begin(module.body),
+        )
+        new_main.attributes["sym_visibility"] = ir.StringAttr.get("public")
+        new_main.arg_attrs = ir.ArrayAttr.get([attrs[i] for i in kept])
+        with contextlib.suppress(KeyError):  # (a module without result attributes)
+            new_main.result_attrs = main.result_attrs
+        block = new_main.add_entry_block()
+        with ir.InsertionPoint(block):
+            given = list(block.arguments)
+            position = {old: new for new, old in enumerate(kept)}
+            operands = []
+            for i in range(len(types)):
+                if i in position:
+                    operands.append(given[position[i]])
+                else:  # hoisted constant `i - first`: the program's array input carrying it
+                    operands.append(given[first + inputs[i - first]])
+            call = _func.CallOp(list(main.type.results), ir.FlatSymbolRefAttr.get(name), operands)
+            _func.ReturnOp(call.results)
+    _strip_hoisted(lowering, len(hoisted))
+    return True
+
+
+def _strip_hoisted(lowering: Any, count: int) -> None:
+    """The lowering's own record of its inputs without the `count` hoisted constants in front
+    (`pxla.hoist_constants_as_args` put them there), as `jax.export` reads it."""
+    lowering.const_args = []
+    lowering._donated_invars = tuple(lowering._donated_invars)[count:]
+    args = lowering.compile_args
+    for name in ("global_in_avals", "in_shardings", "in_layouts", "donated_invars", "inout_aliases"):
+        value = args.get(name)
+        if value is not None:
+            args[name] = type(value)(list(value)[count:]) if not isinstance(value, tuple) else value[count:]
+    if args.get("kept_var_idx") is not None:
+        args["kept_var_idx"] = {k - count for k in args["kept_var_idx"] if k >= count}
+    mut = args.get("mut")
+    if mut is not None:
+        args["mut"] = mut._replace(out_mut=[None if i is None else i - count for i in mut.out_mut])
+    info = args.get("all_args_info")
+    if info is not None:
+        names = info.debug_info.arg_names
+        args["all_args_info"] = type(info)(
+            list(info.in_avals)[count:],
+            info.debug_info._replace(arg_names=None if names is None else tuple(names)[count:]),
+        )

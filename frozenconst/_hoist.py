@@ -25,12 +25,13 @@ program is compiled again at its next call, with the constant's new buffer.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 import types
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import jax
@@ -45,11 +46,13 @@ from ._compat import (
     closed_parts,
     donated_arguments,
     frame_at,
+    hoisted_values,
     is_program,
     numpy_of,
+    rewire_hoisted,
     user_stacklevel,
 )
-from ._errors import FrozenConstWarning
+from ._errors import FrozenConstRuntimeError, FrozenConstWarning
 from ._host import human_bytes
 from ._jaxprs import hoist, walk, where
 
@@ -90,6 +93,9 @@ class _Lowering(threading.local):
     def __init__(self) -> None:
         self.keep_out: dict[int, Any] | None = None
         self.answers: dict[int, tuple[Any, list[tuple[Any, Any]]]] = {}
+        # `frozenconst.export` in progress: each constant's buffer (by id) to its position among
+        # the exported program's constant inputs (`export_inputs`); None otherwise.
+        self.exporting: dict[int, int] | None = None
 
 
 _lowering = _Lowering()
@@ -200,8 +206,11 @@ def _lower_owned(
     assert hooks is not None
     parameters = kwargs.get("lowering_parameters")
     if parameters != hooks.default_parameters:
-        # Someone's own lowering (`jax.export`: a serialized program carries its constants).
         exporting = bool(getattr(parameters, "for_export", False))
+        inputs = _lowering.exporting
+        if exporting and inputs is not None:
+            return _lower_for_export(original, found, inputs, closed, args, kwargs)
+        # Someone's own lowering (`jax.export`: a serialized program carries its constants).
         _warn(list(found.values()), "export" if exporting else "lowering")
         return original(closed, *args, **kwargs)
     # A constant whose buffer was deleted behind our back (`volatile`) is embedded, said where
@@ -262,6 +271,52 @@ def _lower_owned(
         return original(closed, *args, **kwargs)
     _warn([u for u in found.values() if not u.store.volatile], "refused", refused)
     return lowered
+
+
+@contextlib.contextmanager
+def export_inputs(positions: dict[int, int]) -> Generator[None, None, None]:
+    """Within: the program `jax.export` lowers in this thread takes each buffer in `positions`
+    (by id) from its constant input at that position (`frozenconst.export`, `_export`)."""
+    outer = _lowering.exporting
+    _lowering.exporting = positions
+    try:
+        yield
+    finally:
+        _lowering.exporting = outer
+
+
+def _lower_for_export(
+    original: Callable[..., Any],
+    found: dict[int, _Use],
+    inputs: dict[int, int],
+    closed: Any,
+    args: Any,
+    kwargs: Any,
+) -> Any:
+    """The exported program `g(constants, *args)` lowered with the FrozenConst buffers hoisted by
+    JAX as parameters of `main`, each then wired to the input of `g` that carries it: the
+    program holds none of their data. Every other array is embedded, as `jax.export` embeds it."""
+    hooks = HOISTING
+    assert hooks is not None
+    keep_out = {id(u.value): u.value for u in found.values() if id(u.value) in inputs}
+    if not keep_out:
+        return original(closed, *args, **kwargs)
+    program = closed if SIMPLIFIED_CONSTANTS else hoist(closed, keep_out)
+    kwargs = {**kwargs, "lowering_parameters": hooks.hoisting(kwargs["lowering_parameters"])}
+    _lowering.keep_out = keep_out
+    try:
+        lowering = original(program, *args, **kwargs)
+    finally:
+        _lowering.keep_out, _lowering.answers = None, {}
+    values = hoisted_values(lowering)
+    wired = None if values is None else [inputs.get(id(v), -1) for v in values]
+    if wired is None or -1 in wired or not rewire_hoisted(lowering, wired):
+        raise FrozenConstRuntimeError(
+            f"frozenconst.export cannot keep FrozenConsts out of the exported program on jax "
+            f"{jax.__version__} (its lowering did not hoist them as parameters). Pass the constants "
+            "to the function as arguments and export it with `jax.export`."
+        )
+    return lowering
 
 
 def _lowered(
@@ -388,9 +443,11 @@ def const_args(jaxpr: Any) -> list[tuple[Any, Any]]:
         return known[1]
     found: dict[Any, tuple[Any, Any]] = {}
     if SIMPLIFIED_CONSTANTS:
+        exporting = _lowering.exporting is not None
         for value, aval in hooks.const_args(jaxpr):
             if OWNER_REFS.get(id(value)) is None:
-                found[("jax", len(found))] = (value, aval)  # JAX's own, as JAX hoists it
+                if not exporting:  # (an exported program embeds every other array, as jax.export)
+                    found[("jax", len(found))] = (value, aval)  # JAX's own, as JAX hoists it
             elif keep_out.get(id(value)) is value:
                 found.setdefault((id(value), aval), (value, aval))
             # else a FrozenConst that must not be held (donated): embedded
@@ -492,8 +549,8 @@ class _Told:
 _told = _Told()
 
 _FIXES = {
-    "export": "An exported program carries its constants (jax.export serializes no arrays): pass "
-    "it to the function as an argument to keep it out",
+    "export": "An exported program carries its constants (jax.export serializes no arrays): "
+    "`frozenconst.export` keeps them out and stores them beside the program",
     "lowering": "This program is lowered with lowering parameters of its own, which JAX's hoisting "
     "does not serve: pass the constant to the function as an argument to keep it out",
     "refused": "JAX refused it as a parameter of this program ({reason}). Place the constant where "

@@ -282,3 +282,22 @@ def test_the_any_jit_figures_are_the_latest_runs():
     assert f"`frozenconst.jit` is the same program: {min(both):.2f}x to {max(both):.2f}x per call" in text
     # "the more constants, the cheaper against arguments": below the argument form from 10 on.
     assert all(r["call_vs_arguments"] < 1.0 for r in rows if r["k"] >= 10 and r["variant"] == closed)
+
+
+def test_the_export_figures_are_the_latest_runs():
+    rows = {(r["mib"], r["step"]): r for r in _results("export-results.json")["rows"]}
+    text = _text("docs/performance.md")
+    ours = [rows[(m, "frozenconst.export")]["program_bytes"] for m in (1, 64, 2560)]
+    theirs = [rows[(m, "jax.export")]["program_bytes"] for m in (1, 64)]
+    assert f"is {ours[0]:,}, {ours[1]:,} and {ours[2]:,} bytes" in text
+    assert f"where `jax.export`'s is {theirs[0]:,} and {theirs[1]:,} bytes" in text
+    failed = rows[(2560, "jax.export")]
+    assert "program_bytes" not in failed and "cannot grow buffer beyond 2 gigabytes" in failed["failed"]
+    assert f"fails after {failed['seconds']:.2f} s" in text
+    assert f"grown by {failed['peak_growth'] / failed['nbytes']:.2f}x the tables" in text
+    save, load = rows[(2560, "frozenconst.export")], rows[(2560, "frozenconst.load")]
+    assert f"took {save['seconds']:.2f} s and grew the process by {save['peak_growth'] / save['nbytes']:.2f}x" in text
+    assert f"loading took {load['seconds']:.2f} s and {load['peak_growth'] / load['nbytes']:.2f}x" in text
+    assert f"the first call {load['first_call_seconds']:.2f} s" in text
+    # The size claim the issue makes: the program independent of the constants' size.
+    assert max(ours) < 16384 and all(t > (m << 20) for t, m in zip(theirs, (1, 64), strict=True))

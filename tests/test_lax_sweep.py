@@ -400,7 +400,7 @@ _NOT_RUN_HERE = {
 # Functions of some of the JAX versions tested only, by the versions that have them.
 _ELSEWHERE = {
     *("all_gather_invariant", "infeed", "outfeed", "pvary", "zeros_like_array"),  # 0.6.2
-    *("all_gather_reduced", "unreduced_psum", "unreduced_psum_scatter"),  # 0.8.1
+    *("all_gather_reduced", "preduced", "unreduced_psum", "unreduced_psum_scatter"),  # 0.8.1
     *("all_gather_done", "all_gather_start"),  # 0.9.2
     *("precv", "psend"),  # 0.9.2, 0.10.2
     *("dce_sink", "empty", "pcast", "scaled_dot", "tile"),  # 0.9.2, 0.10.2, 0.12.0.1

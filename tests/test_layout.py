@@ -21,7 +21,7 @@ LAYERS = [
     ["_frozen", "_lowering"],
     ["_jit"],
     ["_audit", "_checkpoints", "_filter_jit", "_flax", "_intern", "_training", "nnx", "strategies"],
-    ["_guard", "_hypothesis_hook"],
+    ["_export", "_guard", "_hypothesis_hook"],
     ["_pytest_plugin", "__init__", "__main__"],
 ]
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}

@@ -1,0 +1,535 @@
+"""Compiled programs exported without their constants, the constants stored once, by content.
+
+`export(fun, *specs)` exports `g(constants, *args) = fun(*args)` with `jax.export`, the
+FrozenConsts `fun` uses being `g`'s first inputs (`_hoist.export_inputs` has the lowering take
+each buffer from its input, at every level of nesting): the serialized program holds none of
+their data. `save` writes JAX's serialized program and a manifest into a directory, and each
+constant once, as a `.npy` file named by its fingerprint, into a store (by default inside that
+directory; one shared by several programs keeps each constant once). `load` reads the manifest,
+maps each file into a read-only constant (interned, its digest checked against the manifest's)
+and returns a callable of the user's own arguments, which passes the constants to the program as
+its parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import shutil
+import uuid
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._cache import OWNER_REFS
+from ._compat import numpy_of
+from ._errors import FrozenConstRuntimeError, FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
+from ._fingerprint import fingerprint
+from ._frozen import FrozenConst, _sharding_state  # pyright: ignore[reportPrivateUsage]
+from ._hoist import EMBED_MAX_BYTES, export_inputs
+from ._host import human_bytes
+from ._intern import intern
+from ._jaxprs import walk, where
+from ._partial import spans_processes
+
+# The manifest's format: a loader reads formats up to its own, and refuses newer ones.
+FORMAT = 1
+MANIFEST = "manifest.json"
+PROGRAM = "program.jaxexport"
+_KIND = "frozenconst.export"
+
+PathLike = str | os.PathLike[str]
+# Untyped in JAX's stubs: bound once, typed.
+_STRUCT: Callable[..., Any] = jax.ShapeDtypeStruct
+_SPEC: Callable[..., Any] = jax.sharding.PartitionSpec
+
+
+class Exported:
+    """A program exported by [`frozenconst.export`][frozenconst.export]: JAX's exported
+    program, which takes the constants as its first argument, and the constants.
+
+    Call it as the original function (the constants are passed for you), or
+    [`save`][frozenconst.Exported.save] it beside its constants.
+
+    Attributes:
+        program: the `jax.export.Exported` of `g(constants, *args)`.
+        constants: the FrozenConsts kept out of it, in the order `g` takes them.
+        embedded: the other arrays above `embed_max_bytes` the function closes over
+            (NumPy arrays, `jax.Array`s), which the program embeds as `jax.export`
+            does: `(kind, dtype and shape, bytes, line)`, to wrap in `FrozenConst`.
+    """
+
+    def __init__(
+        self,
+        program: Any,
+        constants: tuple[FrozenConst, ...],
+        embedded: tuple[tuple[str, str, int, str | None], ...],
+    ) -> None:
+        self.program = program
+        self.constants = constants
+        self.embedded = embedded
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _call(self.program, self.constants, args, kwargs)
+
+    def __repr__(self) -> str:
+        total = sum(c.nbytes for c in self.constants)
+        return (
+            f"frozenconst.Exported({self.program.fun_name}, {len(self.constants)} constant(s), "
+            f"{human_bytes(total)} kept out)"
+        )
+
+    def save(self, path: PathLike, *, constants: PathLike | None = None, vjp_order: int = 0) -> pathlib.Path:
+        """Write the program into the directory `path`, each constant once into a store.
+
+        The directory holds `manifest.json` (the format, the JAX and frozenconst
+        versions, and each constant's fingerprint, dtype, shape and sharding) and JAX's
+        serialized program; the store holds each constant as `<sha256>.npy`, which
+        NumPy reads alone (`np.load`). The program directory is written whole or not
+        at all (written aside, then renamed); a constant already in the store is not
+        written again.
+
+        Arguments:
+            path: the program's directory; replaced if it holds a program already.
+            constants: the store's directory (default: `path/constants`); programs
+                saved into one store share each constant's file.
+            vjp_order: as `jax.export.Exported.serialize`: how many orders of
+                derivatives the saved program carries.
+
+        Returns:
+            `path`, as a `pathlib.Path`.
+
+        Raises:
+            FrozenConstRuntimeError: the directory or store cannot be written (a
+                read-only file system, no permission); nothing is left half-written.
+            NotAddressableError: a constant spans several processes, and this one
+                does not hold all of it.
+        """
+        directory = pathlib.Path(path)
+        store = directory / "constants" if constants is None else pathlib.Path(constants)
+        program = bytes(self.program.serialize(vjp_order=vjp_order))
+        entries = [_entry(c) for c in self.constants]
+        aside = directory.parent / f".{directory.name}.saving-{uuid.uuid4().hex[:8]}"
+        try:
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            aside.mkdir()
+            written_store = aside / "constants" if constants is None else store
+            written_store.mkdir(parents=True, exist_ok=True)
+            for constant, entry in zip(self.constants, entries, strict=True):
+                _write_blob(written_store / entry["file"], constant)
+            relative = (
+                "constants" if constants is None else os.path.relpath(store.resolve(), directory.resolve())
+            )
+            manifest = {
+                "kind": _KIND,
+                "format": FORMAT,
+                "jax": jax.__version__,
+                "frozenconst": _version(),
+                "function": self.program.fun_name,
+                "program": PROGRAM,
+                "vjp_order": vjp_order,
+                "constants_dir": relative,
+                "constants": entries,
+                "embedded": [
+                    {"kind": k, "array": a, "bytes": n, "line": line} for k, a, n, line in self.embedded
+                ],
+            }
+            (aside / PROGRAM).write_bytes(program)
+            (aside / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+            _replace_dir(aside, directory)
+        except OSError as err:
+            shutil.rmtree(aside, ignore_errors=True)
+            raise FrozenConstRuntimeError(
+                f"frozenconst cannot save the program to {directory} (constants to {store}): "
+                f"{err.strerror or err}. Nothing was left half-written there; save to a directory you "
+                "can write."
+            ) from err
+        return directory
+
+
+class Loaded:
+    """A program loaded by [`frozenconst.load`][frozenconst.load]: call it with the original
+    function's arguments.
+
+    Attributes:
+        program: the deserialized `jax.export.Exported`.
+        constants: the constants, read-only FrozenConsts mapped from the store.
+        path: the program's directory.
+    """
+
+    def __init__(self, program: Any, constants: tuple[FrozenConst, ...], path: pathlib.Path) -> None:
+        self.program = program
+        self.constants = constants
+        self.path = path
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _call(self.program, self.constants, args, kwargs)
+
+    def __repr__(self) -> str:
+        count = len(self.constants)
+        return f"frozenconst.Loaded({self.program.fun_name}, {count} constant(s), from {self.path})"
+
+
+def _call(program: Any, constants: tuple[FrozenConst, ...], args: Any, kwargs: Any) -> Any:
+    # The constants' buffers, as arrays (the program's constant inputs are leaves): passed as
+    # arguments, or, inside a trace, closed over and so parameters of that program too.
+    return program.call(tuple(c.__jax_array__() for c in constants), *args, **kwargs)
+
+
+def export(
+    fun: Callable[..., Any],
+    *args_specs: Any,
+    platforms: Sequence[str] | None = None,
+    disabled_checks: Sequence[Any] = (),
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Sequence[str] = (),
+    embed_max_bytes: int = EMBED_MAX_BYTES,
+    **kwargs_specs: Any,
+) -> Exported:
+    """Export `fun` as `jax.export` does, its FrozenConsts kept out of the program.
+
+    The exported program takes the constants as parameters: its size does not
+    depend on theirs, so a program whose constants exceed `jax.export`'s 2 GiB
+    limit exports too. Arrays that are not FrozenConsts are embedded, as
+    `jax.export` embeds them, and listed in `Exported.embedded` (with a warning):
+    wrap each once in `FrozenConst` to keep it out.
+
+    Arguments:
+        fun: the function (a `jax.jit` function too).
+        *args_specs: as for `jax.export.export(...)(*args_specs)`:
+            `jax.ShapeDtypeStruct`s (with `jax.export.symbolic_shape` dimensions
+            and shardings) or arrays, and the values of static arguments.
+        platforms: as for `jax.export.export`.
+        disabled_checks: as for `jax.export.export`.
+        static_argnums: as for `jax.jit`.
+        static_argnames: as for `jax.jit`.
+        embed_max_bytes: FrozenConsts of at most this many bytes stay in the program
+            (as under `frozenconst.jit`); every larger one is kept out.
+        **kwargs_specs: the keyword arguments' specs, as `args_specs`.
+
+    Returns:
+        An [`Exported`][frozenconst.Exported]: call it, or `save` it.
+
+    Raises:
+        FrozenConstTypeError: `embed_max_bytes` is not a non-negative int.
+        FrozenConstRuntimeError: this JAX's lowering cannot keep the constants out.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, numpy as np, frozenconst
+        >>> data = np.linspace(0.0, 1.0, 512 * 512, dtype=np.float32).reshape(512, 512)
+        >>> table = frozenconst.FrozenConst(data)
+        >>> exported = frozenconst.export(lambda x: table @ x, jax.ShapeDtypeStruct((512,), jnp.float32))
+        >>> len(exported.program.mlir_module_serialized) < 10_000 < table.nbytes
+        True
+        >>> bool(jnp.allclose(exported(jnp.ones(512)), table @ jnp.ones(512)))
+        True
+    """
+    limit: Any = embed_max_bytes  # whatever the caller passed
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise FrozenConstTypeError(
+            "frozenconst.export's `embed_max_bytes` takes a non-negative int (bytes), but received "
+            f"{embed_max_bytes!r}. Pass 0 to keep every FrozenConst out."
+        )
+    nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+    names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+    traced = jax.jit(fun, static_argnums=nums, static_argnames=names).trace(*args_specs, **kwargs_specs)
+    constants, embedded = _found(traced.jaxpr, embed_max_bytes)
+    values = [c.__jax_array__() for c in constants]
+    specs = tuple(_STRUCT(v.shape, v.dtype, sharding=_sharding_of(v)) for v in values)
+
+    def g(consts: Any, *args: Any, **kwargs: Any) -> Any:
+        del consts  # read at lowering: each constant's buffer is taken from its input
+        return fun(*args, **kwargs)
+
+    g.__name__ = getattr(fun, "__name__", "fun")
+    g.__qualname__ = getattr(fun, "__qualname__", g.__name__)
+    jitted = jax.jit(g, static_argnums=tuple(n + 1 for n in nums), static_argnames=names, keep_unused=True)
+    with export_inputs({id(v): i for i, v in enumerate(values)}):
+        program = jax.export.export(jitted, platforms=platforms, disabled_checks=disabled_checks)(
+            specs, *args_specs, **kwargs_specs
+        )
+    if embedded:
+        listed = "; ".join(
+            f"{k} {a} ({human_bytes(n)}) used at {line or 'a line JAX did not record'}"
+            for k, a, n, line in embedded[:3]
+        )
+        more = f" and {len(embedded) - 3} more" if len(embedded) > 3 else ""
+        warnings.warn(
+            f"frozenconst.export embeds {len(embedded)} array(s) that are not FrozenConsts, as jax.export "
+            f"does: {listed}{more}. Wrap each once in `frozenconst.FrozenConst` to store it beside the "
+            'program (docs: "Export").',
+            FrozenConstWarning,
+            stacklevel=2,
+        )
+    return Exported(program, tuple(constants), tuple(embedded))
+
+
+def _found(
+    closed: Any, embed_max_bytes: int
+) -> tuple[list[FrozenConst], list[tuple[str, str, int, str | None]]]:
+    """The FrozenConsts above `embed_max_bytes` a traced program uses (each once, in the order
+    first met), and the other arrays above it that it closes over."""
+    constants: dict[int, FrozenConst] = {}
+    embedded: dict[int, tuple[str, str, int, str | None]] = {}
+    for value, eqn in walk(closed):
+        key = id(value)
+        if key in constants or key in embedded:
+            continue
+        ref = OWNER_REFS.get(key)
+        store = None if ref is None else ref()
+        use = None if store is None else store.sharding_of(value)
+        nbytes = int(np.prod(np.shape(value))) * np.dtype(value.dtype).itemsize
+        if nbytes <= embed_max_bytes:
+            continue
+        if use is not None and not getattr(use[0], "weak", False):
+            constants[key] = FrozenConst._of(*use)  # pyright: ignore[reportPrivateUsage] - the constant whose buffer this is
+        elif use is None:
+            kind = "jax.Array" if isinstance(value, jax.Array) else "NumPy array"
+            array = numpy_of(value)
+            shown = f"{np.dtype(value.dtype)}{list(np.shape(array if array is not None else value))}"
+            embedded[key] = (kind, shown, nbytes, where(eqn))
+    return list(constants.values()), list(embedded.values())
+
+
+def _sharding_of(value: jax.Array) -> Any:
+    # A committed buffer's sharding is the program's for that input; an uncommitted one (the
+    # default device, following `jax.default_device`) leaves it to the call, as a plain argument.
+    return value.sharding if getattr(value, "committed", False) else None
+
+
+def _entry(constant: FrozenConst) -> dict[str, Any]:
+    """The manifest's record of a constant: what its file must hold, and where it goes."""
+    digest = constant.fingerprint
+    declared = constant.declared_sharding
+    return {
+        "fingerprint": digest,
+        "file": digest.removeprefix("sha256:") + ".npy",
+        "dtype": np.dtype(constant.host_dtype).str,
+        "shape": list(constant.shape),
+        "sharding": _sharding_record(declared),
+    }
+
+
+def _sharding_record(sharding: jax.sharding.Sharding | None) -> dict[str, Any] | None:
+    """The manifest's description of a declared sharding: a mesh by its shape, axis names and
+    types, and the partition spec, over whatever devices the loading process has (its
+    `jax.make_mesh`), as the exported program's own shardings are; None for one device."""
+    if sharding is None:
+        return None
+    state = _sharding_state(sharding)
+    if state[0] == "single":
+        return None  # a program on one device runs on whichever the call gives it
+    if state[0] != "named":
+        raise FrozenConstValueError(
+            f"frozenconst.export saves constants placed on one device or by a NamedSharding over a "
+            f"Mesh; this one is placed by {state[1]}. Place it with a NamedSharding (`x.placed(...)`)."
+        )
+    _, _, shape, _, names, types, spec, memory_kind = state
+    return {
+        "mesh": list(shape),
+        "axes": list(names),
+        "types": list(types),
+        "spec": _listed(spec),
+        "memory_kind": memory_kind,
+    }
+
+
+def _listed(value: Any) -> Any:
+    return [_listed(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _tupled(value: Any) -> Any:
+    return tuple(_tupled(v) for v in value) if isinstance(value, list) else value
+
+
+def _sharding_from(record: dict[str, Any]) -> jax.sharding.Sharding:
+    """The sharding a manifest describes, over this process's devices."""
+    types = tuple(jax.sharding.AxisType[name] for name in record["types"])
+    mesh = jax.make_mesh(tuple(record["mesh"]), tuple(record["axes"]), axis_types=types)
+    spec = _SPEC(*_tupled(record["spec"]))
+    return jax.sharding.NamedSharding(mesh, spec, memory_kind=record.get("memory_kind"))
+
+
+def _write_blob(path: pathlib.Path, constant: FrozenConst) -> None:
+    """Write the constant's host data to `path` (aside, then renamed), unless it is there."""
+    if path.exists():
+        return  # stored by content: the same name is the same data (checked at load)
+    aside = path.with_name(f".{path.name}.writing-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(aside, "wb") as f:
+            np.lib.format.write_array(f, np.asarray(constant), allow_pickle=False)
+        os.replace(aside, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(aside)
+
+
+def _replace_dir(aside: pathlib.Path, directory: pathlib.Path) -> None:
+    """Put the directory `aside` at `directory`, replacing a program saved there before."""
+    if not directory.exists():
+        os.replace(aside, directory)
+        return
+    if not (directory / MANIFEST).exists() and any(directory.iterdir()):
+        raise FrozenConstValueError(
+            f"frozenconst will not replace {directory}: it holds files but no saved program "
+            f"({MANIFEST}). Save to a new or empty directory."
+        )
+    old = directory.parent / f".{directory.name}.replaced-{uuid.uuid4().hex[:8]}"
+    os.replace(directory, old)
+    try:
+        os.replace(aside, directory)
+    except OSError:
+        os.replace(old, directory)  # the program saved before, back
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("frozenconst")
+    except PackageNotFoundError:  # pragma: no cover - a source tree
+        return "0.0.0"
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+def load(path: PathLike) -> Loaded:
+    """Load a program [`Exported.save`][frozenconst.Exported.save] wrote: a callable of the
+    original function's arguments, with its constants.
+
+    Each constant is read from its file in the store (memory-mapped), frozen once
+    and interned: programs loaded in one process that share a table share its host
+    buffer and device buffer, and an equal constant already live is that one. Its
+    digest is checked against the manifest's, so a changed or damaged file is an
+    error, never a wrong result. A constant saved with a sharding is placed so; one
+    spanning several processes is read by each only in the slices it addresses. The
+    code that exported the program is not needed.
+
+    Arguments:
+        path: the directory `save` wrote.
+
+    Returns:
+        A [`Loaded`][frozenconst.Loaded] program.
+
+    Raises:
+        FrozenConstValueError: no saved program there, a manifest of a newer format, a
+            constant's file missing, damaged, or not holding what the manifest says.
+        FrozenConstRuntimeError: this JAX cannot read the program (saved with another
+            JAX), or cannot place a constant as it was saved (other devices).
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, numpy as np, frozenconst, tempfile
+        >>> table = frozenconst.FrozenConst(np.arange(64 * 64, dtype=np.float32).reshape(64, 64))
+        >>> exported = frozenconst.export(lambda x: table @ x, jax.ShapeDtypeStruct((64,), jnp.float32))
+        >>> directory = exported.save(tempfile.mkdtemp() + "/table_matvec")
+        >>> loaded = frozenconst.load(directory)
+        >>> bool((loaded(jnp.ones(64)) == exported(jnp.ones(64))).all())
+        True
+    """
+    where = pathlib.Path(path)
+    manifest = _manifest(where)
+    store = (where / manifest["constants_dir"]).resolve()
+    program = _program(where, manifest)
+    constants = tuple(_constant(store, entry, where) for entry in manifest["constants"])
+    return Loaded(program, constants, where)
+
+
+def _manifest(where: pathlib.Path) -> dict[str, Any]:
+    file = where / MANIFEST
+    try:
+        manifest = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise FrozenConstValueError(
+            f"{where} holds no saved program ({MANIFEST} is missing): give `frozenconst.load` a "
+            "directory that `Exported.save` wrote."
+        ) from None
+    except (OSError, ValueError) as err:
+        raise FrozenConstValueError(
+            f"{file} cannot be read as a frozenconst manifest ({err}); save the program again."
+        ) from err
+    if not isinstance(manifest, dict) or manifest.get("kind") != _KIND:
+        raise FrozenConstValueError(
+            f"{file} is not a frozenconst manifest; give `frozenconst.load` a directory that "
+            "`Exported.save` wrote."
+        )
+    found = manifest.get("format")
+    if not isinstance(found, int) or found > FORMAT:
+        raise FrozenConstValueError(
+            f"{file} is in format {found!r}, written by frozenconst {manifest.get('frozenconst')}; this "
+            f"frozenconst ({_version()}) reads formats up to {FORMAT}: upgrade frozenconst to load it."
+        )
+    return manifest
+
+
+def _program(where: pathlib.Path, manifest: dict[str, Any]) -> Any:
+    file = where / str(manifest["program"])
+    try:
+        data = file.read_bytes()
+    except OSError as err:
+        raise FrozenConstValueError(
+            f"{file} cannot be read ({err.strerror or err}): the program of {where} is missing; "
+            "save it again."
+        ) from err
+    try:
+        return jax.export.deserialize(bytearray(data))
+    except Exception as err:  # whatever JAX raises for a program it cannot read
+        raise FrozenConstRuntimeError(
+            f"jax {jax.__version__} cannot read the program in {file}, saved with jax "
+            f"{manifest.get('jax')} ({type(err).__name__}: {str(err)[:200]}). Load it with jax "
+            f"{manifest.get('jax')}, or export and save it again with this one."
+        ) from err
+
+
+def _constant(store: pathlib.Path, entry: dict[str, Any], where: pathlib.Path) -> FrozenConst:
+    file = store / str(entry["file"])
+    digest = str(entry["fingerprint"])
+    if not file.exists():
+        raise FrozenConstValueError(
+            f"{file} is missing: the constant {digest} of the program in {where}. Copy the store it was "
+            f"saved with ({store}) beside it, or save the program again."
+        )
+    try:
+        data = np.load(file, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as err:
+        raise FrozenConstValueError(
+            f"{file} is damaged ({err}): it cannot hold the constant {digest}; save the program again."
+        ) from err
+    want = (np.dtype(entry["dtype"]), tuple(entry["shape"]))
+    if (data.dtype, data.shape) != want:
+        raise FrozenConstValueError(
+            f"{file} holds {data.dtype}{list(data.shape)}, where the manifest of {where} says "
+            f"{want[0]}{list(want[1])}: the file was replaced or damaged; save the program again."
+        )
+    sharding = None
+    if entry.get("sharding") is not None:
+        try:
+            sharding = _sharding_from(entry["sharding"])
+        except Exception as err:  # any failure to rebuild: JAX raises several kinds
+            raise FrozenConstRuntimeError(
+                f"the constant {digest} of {where} was saved placed on a mesh of {entry['sharding']['mesh']} "
+                f"devices, which this process cannot make ({err}): load it where there are that many."
+            ) from err
+    if sharding is not None and spans_processes(sharding):
+        # Each process reads only its slices; the digest is of the whole file, read in place.
+        if fingerprint(data) != digest:
+            raise _tampered(file, digest)
+        return FrozenConst(data, data.dtype, sharding=sharding)
+    constant = intern(data, data.dtype)  # frozen once; the digest hashed from the frozen copy
+    if constant.fingerprint != digest:
+        raise _tampered(file, digest)
+    return constant if sharding is None else constant.placed(sharding)
+
+
+def _tampered(file: pathlib.Path, digest: str) -> FrozenConstValueError:
+    return FrozenConstValueError(
+        f"{file} does not hold the constant it was saved as ({digest}): it was changed or damaged since. "
+        "Save the program again; frozenconst never runs a program with other constants than its own."
+    )

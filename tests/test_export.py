@@ -1,0 +1,363 @@
+"""Programs exported without their constants, the constants stored once, by content (issue #49).
+
+Round trips run in fresh processes: one exports and saves (it has the function's code), another
+loads (it has only frozenconst and NumPy) and compares with what the first computed, bitwise.
+Figures of size are JAX's own: the serialized program's bytes, beside `jax.export`'s.
+"""
+
+import json
+import os
+import pathlib
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import free_port, run_bounded, run_processes, subprocess_env
+
+import frozenconst
+from frozenconst import FrozenConst
+
+# -- in this process ----------------------------------------------------------------------------
+
+
+def _table(shape=(256, 256), seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _program():
+    table, bias = FrozenConst(_table()), FrozenConst(_table((256,), 1))
+    inner = jax.jit(lambda v: table @ v)
+    inner(jnp.ones(256))  # traced before: its cached program holds the buffer
+
+    def f(x):
+        y = jax.lax.scan(lambda c, _: (jnp.tanh(table @ c), None), x, None, length=2)[0]
+        return inner(y) + jax.checkpoint(lambda v: table @ v)(y) + 2 * bias
+
+    return f, table, bias
+
+
+SPEC = jax.ShapeDtypeStruct((256,), jnp.float32)
+
+
+def test_the_exported_program_holds_none_of_the_constants_data():
+    f, table, bias = _program()
+    exported = frozenconst.export(f, SPEC)
+    # The bias (1 KiB, at `embed_max_bytes`) stays in the program, as under any jit.
+    assert [c.fingerprint for c in exported.constants] == [table.fingerprint] and bias.nbytes == 1024
+    ours = len(exported.program.mlir_module_serialized)
+    with pytest.warns(frozenconst.FrozenConstWarning, match="`frozenconst.export` keeps them out"):
+        theirs = len(jax.export.export(jax.jit(f))(SPEC).mlir_module_serialized)  # JAX's own
+    assert ours < 8192 < table.nbytes < theirs, (ours, theirs)
+    x = jnp.linspace(-1.0, 1.0, 256)
+    np.testing.assert_array_equal(exported(x), jax.jit(f)(x))
+
+
+def test_the_exported_function_called_in_a_users_jit_keeps_the_constants_parameters(tmp_path):
+    f, table, _ = _program()
+    loaded = frozenconst.load(frozenconst.export(f, SPEC).save(tmp_path / "f"))
+    user = jax.jit(lambda x: loaded(x) * 2)
+    assert len(user.lower(SPEC).as_text()) < table.nbytes // 8  # never embedded again
+    x = jnp.linspace(-1.0, 1.0, 256)
+    np.testing.assert_array_equal(user(x), jax.jit(lambda x: f(x) * 2)(x))
+
+
+def test_arrays_that_are_not_frozenconsts_are_embedded_and_named():
+    plain = jnp.asarray(_table((64, 64), 2))
+    table = FrozenConst(_table((64, 64), 3))
+    with pytest.warns(frozenconst.FrozenConstWarning, match=r"embeds 1 array\(s\) that are not FrozenConsts"):
+        exported = frozenconst.export(lambda x: plain @ (table @ x), jax.ShapeDtypeStruct((64,), jnp.float32))
+    ((kind, array, nbytes, line),) = exported.embedded
+    assert (kind, array, nbytes) == ("jax.Array", "float32[64, 64]", plain.nbytes)
+    assert line is not None and __file__ in line
+    assert len(exported.constants) == 1
+
+
+def test_a_shared_store_keeps_each_constant_once_and_writes_nothing_twice(tmp_path, monkeypatch):
+    table = FrozenConst(_table((128, 128), 4))
+    store = tmp_path / "constants"
+    first = frozenconst.export(lambda x: table @ x, jax.ShapeDtypeStruct((128,), jnp.float32))
+    second = frozenconst.export(lambda x: jnp.tanh(x @ table), jax.ShapeDtypeStruct((128,), jnp.float32))
+    first.save(tmp_path / "first", constants=store)
+    (blob,) = store.glob("*.npy")
+    stamp = blob.stat().st_mtime_ns
+    writes = []
+    real = np.lib.format.write_array
+    monkeypatch.setattr(np.lib.format, "write_array", lambda *a, **k: writes.append(a) or real(*a, **k))
+    second.save(tmp_path / "second", constants=store)
+    first.save(tmp_path / "first", constants=store)  # saved again: the program replaced, no constant
+    assert writes == [] and list(store.glob("*.npy")) == [blob] and blob.stat().st_mtime_ns == stamp
+    assert np.array_equal(np.load(blob), np.asarray(table))  # NumPy alone reads the store
+    a, b = frozenconst.load(tmp_path / "first"), frozenconst.load(tmp_path / "second")
+    # Interned: one host buffer and one device buffer, shared with the live constant too.
+    assert a.constants[0] is b.constants[0]
+    assert jnp.asarray(a.constants[0]).unsafe_buffer_pointer() == jnp.asarray(table).unsafe_buffer_pointer()
+    x = jnp.ones(128)
+    np.testing.assert_array_equal(a(x), first(x))
+    np.testing.assert_array_equal(b(x), second(x))
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def saved(tmp_path):
+    table = FrozenConst(_table((64, 64), 5))
+    exported = frozenconst.export(lambda x: table @ x, jax.ShapeDtypeStruct((64,), jnp.float32))
+    return exported.save(tmp_path / "prog"), exported
+
+
+def _blob(path):
+    (blob,) = (path / "constants").glob("*.npy")
+    return blob
+
+
+def _edit_manifest(path, **changes):
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest.update(changes)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    return manifest
+
+
+def test_a_missing_constant_is_named(saved):
+    path, _ = saved
+    blob = _blob(path)
+    blob.unlink()
+    with pytest.raises(
+        frozenconst.FrozenConstValueError, match=rf"{blob.name} is missing: the constant sha256:"
+    ):
+        frozenconst.load(path)
+
+
+@pytest.mark.parametrize("damage", ["a byte changed", "truncated", "another array"])
+def test_a_damaged_constant_is_an_error_never_a_wrong_result(saved, damage):
+    path, _ = saved
+    blob = _blob(path)
+    data = bytearray(blob.read_bytes())
+    if damage == "a byte changed":
+        data[-3] ^= 0x40
+        blob.write_bytes(bytes(data))
+        match = "does not hold the constant it was saved as"
+    elif damage == "truncated":
+        blob.write_bytes(bytes(data[: len(data) // 2]))
+        match = "is damaged"
+    else:
+        np.save(blob, np.zeros((8, 8), np.float64))
+        match = r"holds float64\[8, 8\], where the manifest"
+    with pytest.raises(frozenconst.FrozenConstValueError, match=match):
+        frozenconst.load(path)
+
+
+def test_a_newer_format_not_a_program_and_no_program(saved, tmp_path):
+    path, _ = saved
+    _edit_manifest(path, format=frozenconst._export.FORMAT + 1)
+    with pytest.raises(frozenconst.FrozenConstValueError, match="upgrade frozenconst"):
+        frozenconst.load(path)
+    (path / "manifest.json").write_text("{not json")
+    with pytest.raises(frozenconst.FrozenConstValueError, match="cannot be read as a frozenconst manifest"):
+        frozenconst.load(path)
+    with pytest.raises(frozenconst.FrozenConstValueError, match="holds no saved program"):
+        frozenconst.load(tmp_path)
+
+
+def test_a_program_this_jax_cannot_read_names_both_versions(saved):
+    path, _ = saved
+    _edit_manifest(path, jax="0.0.1")
+    (path / "program.jaxexport").write_bytes(b"\x00" * 64)
+    with pytest.raises(
+        frozenconst.FrozenConstRuntimeError, match=rf"jax {jax.__version__} cannot read .* jax 0.0.1"
+    ):
+        frozenconst.load(path)
+
+
+def test_a_failed_save_leaves_nothing_half_written(saved, monkeypatch):
+    path, exported = saved
+    before = sorted(p.name for p in path.parent.iterdir())
+    manifest = (path / "manifest.json").read_text()
+    real = os.replace
+
+    def refuse(src, dst):  # the new program refused at the last step, its rename into place
+        if ".saving-" in str(src) and pathlib.Path(dst) == path:
+            raise OSError(30, "Read-only file system")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(
+        frozenconst.FrozenConstRuntimeError, match=r"Read-only file system\. Nothing was left"
+    ):
+        exported.save(path)
+    assert sorted(p.name for p in path.parent.iterdir()) == before  # nothing aside left
+    assert (path / "manifest.json").read_text() == manifest  # the program saved before, whole
+
+
+def test_a_directory_of_other_files_is_not_replaced(tmp_path, saved):
+    _, exported = saved
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(frozenconst.FrozenConstValueError, match="will not replace"):
+        exported.save(tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "mine"
+
+
+def test_bad_options():
+    with pytest.raises(frozenconst.FrozenConstTypeError, match="embed_max_bytes"):
+        frozenconst.export(lambda x: x, SPEC, embed_max_bytes=-1)
+
+
+# -- round trips in fresh processes ---------------------------------------------------------------
+
+_EXPORTER = """
+import sys, pathlib, numpy as np, jax, jax.numpy as jnp
+import frozenconst
+from frozenconst import FrozenConst
+
+out = pathlib.Path(sys.argv[1])
+rng = np.random.default_rng(7)
+TABLE = FrozenConst(rng.standard_normal((96, 96)).astype(np.float32))
+SMALL = FrozenConst(np.float32([1.0, 2.0, 3.0]))  # under embed_max_bytes: in the program
+inner = jax.jit(lambda v: v @ TABLE)
+inner(jnp.ones((2, 96)))
+
+@jax.custom_jvp
+def soft(v):
+    return jnp.tanh(v @ TABLE)
+
+@soft.defjvp
+def _soft_jvp(primals, tangents):
+    (v,), (dv,) = primals, tangents
+    return soft(v), (1 - soft(v) ** 2) * (dv @ TABLE)
+
+def f(x):  # x: (batch, 96)
+    y = jax.lax.scan(lambda c, _: (soft(c), None), x, None, length=2)[0]
+    return jnp.sum(inner(y) + jax.checkpoint(lambda v: v @ TABLE)(y)) + SMALL.sum()
+
+batch = jax.export.symbolic_shape("b")[0]
+spec = jax.ShapeDtypeStruct((batch, 96), jnp.float32)
+exported = frozenconst.export(f, spec)
+exported.save(out / "prog", vjp_order=1)
+# JAX's own floor: the same function through jax.export, round-tripped.
+plain = jax.export.deserialize(jax.export.export(jax.jit(f))(spec).serialize(vjp_order=1))
+results = {}
+for n in (3, 5):
+    x = jnp.linspace(-1.0, 1.0, n * 96, dtype=jnp.float32).reshape(n, 96)
+    results[f"x{n}"] = np.asarray(x)
+    results[f"value{n}"] = np.asarray(plain.call(x))
+    results[f"grad{n}"] = np.asarray(jax.grad(plain.call)(x))
+    results[f"direct{n}"] = np.asarray(jax.jit(f)(x))
+np.savez(out / "expected.npz", **results)
+print("SIZES", len(exported.program.mlir_module_serialized), len(plain.mlir_module_serialized), TABLE.nbytes)
+"""
+
+_LOADER = """
+import sys, pathlib, numpy as np, jax, jax.numpy as jnp
+import frozenconst
+
+out = pathlib.Path(sys.argv[1])
+assert "__main__" not in str(frozenconst.load)  # the exporter's code is not here
+loaded = frozenconst.load(out / "prog")
+expected = np.load(out / "expected.npz")
+for n in (3, 5):
+    x = jnp.asarray(expected[f"x{n}"])
+    value, grad = np.asarray(loaded(x)), np.asarray(jax.grad(loaded)(x))
+    assert value.tobytes() == expected[f"value{n}"].tobytes(), (n, value, expected[f"value{n}"])
+    assert grad.tobytes() == expected[f"grad{n}"].tobytes(), n
+    np.testing.assert_allclose(value, expected[f"direct{n}"], rtol=1e-5)
+(table,) = loaded.constants
+assert not np.asarray(table).flags.writeable and table.shape == (96, 96)
+user = jax.jit(lambda x: loaded(x) * 2)
+assert len(user.lower(jax.ShapeDtypeStruct((3, 96), jnp.float32)).as_text()) < table.nbytes // 4
+print("LOADED", len(loaded.constants))
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("pipeline", ["default", "simplified"])
+def test_a_round_trip_in_fresh_processes_is_bitwise_jax_exports_own(tmp_path, pipeline):
+    env = dict(subprocess_env())
+    if pipeline == "simplified":
+        env["JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"] = "1"
+    else:
+        env.pop("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS", None)
+    code, out = run_bounded([sys.executable, "-c", textwrap.dedent(_EXPORTER), str(tmp_path)], env=env)
+    assert code == 0, out[-4000:]
+    ours, theirs, table = (int(v) for v in out.split("SIZES")[1].split()[:3])
+    assert ours < 16384 < table < theirs, (ours, theirs, table)
+    # Another process, without the exporter's code, from a copy of the directory elsewhere.
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    (tmp_path / "prog").rename(moved / "prog")
+    (tmp_path / "expected.npz").rename(moved / "expected.npz")
+    code, out = run_bounded([sys.executable, "-c", textwrap.dedent(_LOADER), str(moved)], env=env, cwd=moved)
+    assert code == 0 and "LOADED 1" in out, out[-4000:]
+
+
+_SHARDED = """
+import sys, pathlib, numpy as np, jax
+jax.config.update("jax_num_cpu_devices", 4)
+import jax.numpy as jnp
+import frozenconst
+from frozenconst import FrozenConst
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+out = pathlib.Path(sys.argv[1])
+mesh = jax.make_mesh((4,), ("x",))
+sharding = NamedSharding(mesh, P("x"))
+if sys.argv[2] == "export":
+    table = FrozenConst(np.arange(128 * 64, dtype=np.float32).reshape(128, 64) / 100, sharding=sharding)
+    exported = frozenconst.export(lambda x: jnp.tanh(table) @ x, jax.ShapeDtypeStruct((64,), jnp.float32))
+    exported.save(out / "prog")
+    np.save(out / "expected.npy", np.asarray(exported(jnp.ones(64))))
+else:
+    loaded = frozenconst.load(out / "prog")
+    (table,) = loaded.constants
+    assert table.declared_sharding == sharding, table.declared_sharding
+    assert jnp.asarray(table).sharding == sharding
+    got = np.asarray(loaded(jnp.ones(64)))
+    assert got.tobytes() == np.load(out / "expected.npy").tobytes()
+    print("SHARDED OK")
+"""
+
+
+@pytest.mark.subprocess
+def test_a_sharded_constant_loads_onto_its_sharding(tmp_path):
+    env = subprocess_env("cpu")
+    for step in ("export", "load"):
+        code, out = run_bounded(
+            [sys.executable, "-c", textwrap.dedent(_SHARDED), str(tmp_path), step], env=env
+        )
+        assert code == 0, out[-4000:]
+    assert "SHARDED OK" in out
+
+
+@pytest.mark.subprocess
+def test_on_two_processes_each_loads_only_its_slices(tmp_path):
+    worker = str(pathlib.Path(__file__).resolve().parent / "export_worker.py")
+    code, out = run_bounded([sys.executable, worker, str(tmp_path), "export"], env=subprocess_env("cpu"))
+    assert code == 0 and "EXPORTED" in out, out[-4000:]
+    port = free_port()
+    codes, outs = run_processes(
+        [[sys.executable, worker, str(tmp_path), "load", str(p), str(port)] for p in (0, 1)]
+    )
+    assert codes == [0, 0], [o[-3000:] for o in outs]
+    for pid, text in enumerate(outs):
+        (host,) = [line.split() for line in text.splitlines() if line.startswith("HOST")]
+        assert host == ["HOST", str(pid), str(128 * 64 * 4 // 2), str(128 * 64 * 4)], host  # half each
+        assert f"RESULT {pid} True" in text, text[-3000:]
+
+
+def test_where_the_lowering_cannot_be_rewired_export_refuses(monkeypatch):
+    # `_compat.rewire_hoisted`'s fallback (a JAX whose lowered module frozenconst cannot rewire):
+    # a clear error, never a program that embeds the constants silently.
+    monkeypatch.setattr(frozenconst._hoist, "rewire_hoisted", lambda lowering, inputs: False)
+    table = FrozenConst(_table((64, 64), 6))
+    with pytest.raises(frozenconst.FrozenConstRuntimeError, match="cannot keep FrozenConsts out"):
+        frozenconst.export(lambda x: table @ x, jax.ShapeDtypeStruct((64,), jnp.float32))
+
+
+def test_saving_into_a_path_under_a_file_is_a_clear_error(tmp_path, saved):
+    _, exported = saved
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(frozenconst.FrozenConstRuntimeError, match="cannot save the program to"):
+        exported.save(tmp_path / "a-file" / "prog")
