@@ -296,7 +296,10 @@ def test_the_export_figures_are_the_latest_runs():
     assert f"fails after {failed['seconds']:.2f} s" in text
     assert f"grown by {failed['peak_growth'] / failed['nbytes']:.2f}x the tables" in text
     save, load = rows[(2560, "frozenconst.export")], rows[(2560, "frozenconst.load")]
-    assert f"took {save['seconds']:.2f} s and grew the process by {save['peak_growth'] / save['nbytes']:.2f}x" in text
+    assert (
+        f"took {save['seconds']:.2f} s and grew the process by {save['peak_growth'] / save['nbytes']:.2f}x"
+        in text
+    )
     assert f"loading took {load['seconds']:.2f} s and {load['peak_growth'] / load['nbytes']:.2f}x" in text
     assert f"the first call {load['first_call_seconds']:.2f} s" in text
     # The size claim the issue makes: the program independent of the constants' size.
