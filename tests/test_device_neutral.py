@@ -38,6 +38,7 @@ _CPU_SUBPROCESSES = {
     "memory_churn_worker.py": ("file", "test_lifetimes.py"),
     "donation_loop_worker.py": ("file", "test_lifetimes.py"),
     "composition_cases.py": ("module level", "test_composition.py"),
+    "export_worker.py": ("file", "test_export.py"),
 }
 # Scripts held in module-level strings and run in CPU subprocesses: (module, name).
 _CPU_SCRIPTS = {
@@ -45,6 +46,7 @@ _CPU_SCRIPTS = {
     ("test_pickle_placement.py", "_SCRIPT"),
     ("test_lifetimes.py", "_GROWTH"),
     ("test_host_memory.py", "_RSS"),
+    ("test_export.py", "_SHARDED"),
 }
 # Reads that hold on every device, each with why.
 _NEUTRAL = {
