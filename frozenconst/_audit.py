@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from ._cache import LIVE, OWNER_REFS
-from ._compat import SIMPLIFIED_CONSTANTS, simplified_hoists
+from ._compat import SIMPLIFIED_CONSTANTS, numpy_of, simplified_hoists
 from ._fingerprint import fingerprint
 from ._hoist import EMBED_MAX_BYTES
 from ._host import human_bytes
@@ -255,15 +255,15 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
         raise refused from err
     frozen_ids = {id(a) for store in list(LIVE) for a in store.arrays()}
 
-    found: dict[int, dict[str, Any]] = {}
-    order: list[int] = []
+    found: dict[object, dict[str, Any]] = {}
+    order: list[object] = []
     for value, eqn in walk(closed):
-        key = id(value)
+        key = _identity(value)
         entry = found.get(key)
         if entry is None:
             kind: Kind = "numpy"
             if isinstance(value, jax.Array):
-                kind = "frozenconst" if key in frozen_ids else "jax"
+                kind = "frozenconst" if id(value) in frozen_ids else "jax"
             entry = found[key] = {
                 "kind": kind,
                 **_describe(value),
@@ -282,6 +282,15 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
     total = sum(c.nbytes for c in constants)
     pipeline = _pipeline()
     return AuditReport(tuple(constants), pipeline, total, _duplicate_bytes(tuple(constants), pipeline))
+
+
+def _identity(value: Any) -> object:
+    """What tells one captured array from another: the object, or for NumPy data its buffer (jax
+    0.8's simplified pipeline wraps the one NumPy array anew for each use, `TypedNdArray`)."""
+    array = None if isinstance(value, jax.Array) else numpy_of(value)
+    if array is None:
+        return id(value)
+    return (array.__array_interface__["data"][0], array.shape, array.dtype.str, array.strides)
 
 
 def _kept_out(value: Any) -> bool:
