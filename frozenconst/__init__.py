@@ -24,13 +24,11 @@ from ._export import export as export
 from ._export import load as load
 from ._filter_jit import filter_jit as filter_jit
 from ._flax import register_flax as register_flax
-from ._flax import register_if_imported as _register_if_imported
 from ._frozen import FrozenConst as FrozenConst
 from ._guard import no_numpy_constants as no_numpy_constants
-from ._hypothesis_hook import register_if_imported as _register_strategy_if_imported
+from ._install import install as _install_into_jax
 from ._intern import intern as intern
 from ._jit import jit as jit
-from ._lowering import install as _install_lowering
 from ._stats import ConstStats as ConstStats
 from ._stats import Stats as Stats
 from ._stats import stats as stats
@@ -39,15 +37,10 @@ from ._training import is_frozen as is_frozen
 from ._training import is_trainable as is_trainable
 from ._training import partition as partition
 
-# What frozenconst installs into JAX, in one place and one call (`_lowering`): every jit keeps
-# FrozenConsts out of the programs it compiles from now on.
-_install_lowering()
-# flax.serialization learns constants here when flax is already imported (the
-# usual order: `import flax` sorts first); `register_flax()` covers the other.
-_register_if_imported()
-# `st.from_type(FrozenConst)` the same way when hypothesis is imported first;
-# hypothesis's entry point covers the other order.
-_register_strategy_if_imported()
+# Everything frozenconst changes in JAX's state (and flax's and hypothesis's, where imported),
+# in one place and one call (`_install`): from now on every jit keeps FrozenConsts out of the
+# programs it compiles.
+_install_into_jax()
 
 if _typing.TYPE_CHECKING:
     from . import nnx as nnx

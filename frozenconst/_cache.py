@@ -29,9 +29,7 @@ from ._compat import (
     Device,
     Tracer,
     eval_context,
-    origin_module,
     uncommitted,
-    user_stacklevel,
     warn_degraded,
     weakly_typed,
 )
@@ -39,6 +37,7 @@ from ._convert import as_dtype, check_narrowing
 from ._dtypes import follows_x64, native
 from ._errors import FrozenConstWarning
 from ._fingerprint import fingerprint
+from ._frames import origin_module, user_stacklevel
 from ._host import HostMemory, freeze, frozen_copy, host_buffer, human_bytes
 from ._targets import Target, as_sharding
 
@@ -136,21 +135,55 @@ def dtype_words(host_dtype: np.dtype[Any]) -> str:
 
 
 # Told of a store whose device buffer was evicted or lost, after the fact: whatever holds
-# the old buffer lets go of it (`_hoist.dropped`, appended by `_lowering.install`).
+# the old buffer lets go of it (`_hoist.dropped`, appended by `_install.install`).
 DROPPED: list[Callable[[Store], None]] = []
 # Every live store, for `frozenconst.stats()` and the audit's kind lookup.
 LIVE: weakref.WeakSet[Store] = weakref.WeakSet()
-# id(cached array) -> its store, held weakly: lets a pytree rebuilt from the
-# constant's own buffer (a jit output passed through, `eqx.combine`, a flax
-# NNX state round trip) be the constant again. Ids can be reused after an
-# array dies, so `owner_of` confirms by identity.
-OWNERS: weakref.WeakValueDictionary[int, Store] = weakref.WeakValueDictionary()
 
 
-# `OWNERS`' own table of weak references, read directly by `owner_of` (and inlined in
-# `FrozenConst.tree_unflatten`): `WeakValueDictionary.get` is a Python method, a measurable
-# part of rebuilding a FrozenConst from an array (issue #35).
-OWNER_REFS: dict[int, Any] = vars(OWNERS)["data"]
+class Owners:
+    """Whose cached array each device buffer is: a pytree rebuilt from the constant's own
+    buffer (a jit output passed through, `eqx.combine`, a flax NNX state round trip) is the
+    constant again.
+
+    `refs` maps the id of a cached array to a weak reference to its store, read with one
+    dict lookup and no lock (by `owner_of`, and inlined in `_derived.rebuild`); it changes
+    under the lock (reentrant: a store's weak reference may die, and call `forget`, while
+    the lock is held). Ids can be reused after an array dies, so a reader confirms by
+    identity (`Store.sharding_of`). A store's entries go when the store dies.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.refs: dict[int, weakref.ref[Store]] = {}
+
+    def reference(self, store: Store) -> weakref.ref[Store]:
+        """The weak reference `store`'s entries hold: when it dies, they go."""
+        keys: set[int] = set()
+        store.owned = keys
+        return weakref.ref(store, lambda ref: self.forget(ref, keys))
+
+    def add(self, array: jax.Array, store: Store) -> None:
+        with self.lock:
+            self.refs[id(array)] = store.owner
+            store.owned.add(id(array))
+
+    def discard(self, array: jax.Array, store: Store) -> None:
+        with self.lock:
+            if self.refs.get(id(array)) is store.owner:
+                del self.refs[id(array)]
+                store.owned.discard(id(array))
+
+    def forget(self, ref: weakref.ref[Store], keys: set[int]) -> None:
+        with self.lock:
+            for key in keys:
+                if self.refs.get(key) is ref:
+                    del self.refs[key]
+
+
+OWNERS = Owners()
+# The table itself (never rebound), for the readers on the hot path.
+OWNER_REFS = OWNERS.refs
 
 
 def owner_of(leaf: object) -> Use | None:
@@ -167,7 +200,7 @@ def live_twin(store: Store) -> Store | None:
     host memory (page-locked or not), if any.
 
     Only constants of the same shape and dtype are compared, by fingerprint (each
-    computed once, then kept), so a process without one pays nothing (issue #47 row 18).
+    computed once, then kept), so a process without one pays nothing.
     """
     if store.partial:
         return None
@@ -214,6 +247,8 @@ class Store:
         "hits",
         "hot",
         "origin",
+        "owned",
+        "owner",
         "served",
         "shape",
         "transfers",
@@ -223,6 +258,7 @@ class Store:
 
     # The page-locked `jax.Array` whose memory `_host` views, or None (pageable memory).
     _pinned: jax.Array | None
+    owned: set[int]
     # A constant with host data (`_derived.Derived` is not).
     concrete = True
     # What a derived value is served from (`_derived.Derived.leaf`); a constant has none.
@@ -254,10 +290,10 @@ class Store:
         self._pinned = None
         # The module whose code made the constant (a library's, for its tables), which the
         # warnings about it name, so that a library can filter those of its own constants with
-        # one line (`made in `mylib`, docs: "Which jit"; issue #47 row 15).
+        # one line (`made in `mylib`, docs: "Which jit").
         self.origin: str = origin_module()
         # Whether the constant was made from a Python scalar (`FrozenConst(0.5)`): its device
-        # buffers are weakly typed, and it promotes as `jnp.asarray(0.5)` does (issue #37).
+        # buffers are weakly typed, and it promotes as `jnp.asarray(0.5)` does.
         self.weak = False
         # Whether a device buffer of it was donated or deleted behind our back: compiled
         # programs then embed it rather than hold a buffer the next donation deletes (`_hoist`).
@@ -269,22 +305,23 @@ class Store:
         self.hits = 0
         self.transfers = 0
         LIVE.add(self)
+        # The weak reference `OWNERS` holds for each cached array of this store, and (`owned`)
+        # the ids of those arrays.
+        self.owner = OWNERS.reference(self)
         # What each use gets, one dict lookup: keyed as the note above `FedArrays` says, except the
         # default placement where x64 does not change the device dtype (`_by_device`).
         self.served: dict[Any, jax.Array] = {}
         # `served[None]`, where there is one: the default placement's buffer while
         # `jax_default_device` is unset, the use nearly every program makes. The hit
-        # that `FrozenConst.tree_flatten` and `__jax_array__` inline reads this slot
+        # that `FrozenConst.__jax_array__` inlines reads this slot
         # instead of the dict (`_serve` keeps the two in step): the lookup was a
-        # third of what a hit cost beyond the one-slot floor (issue #26; instructions
-        # per `jax.tree_util.tree_flatten(x)` under callgrind, jax 0.10.2).
+        # third of what a hit cost beyond the one-slot floor.
         self.hot: jax.Array | None = None
         # Whether the default placement is served under the `jax_default_device`
         # setting alone: where x64 does not change the device dtype (float32 is
         # the same buffer under both settings), the x64 read and the tuple key
         # were a measurable part of a hit for nothing (`python -m benchmarks
         # compare`, rows "cache hit ...: ratio to the one-slot floor").
-        # `FrozenConst.__jax_array__` and `tree_flatten` inline this hit.
         self._by_device = self.home is None and not follows_x64(dtype)
         # (declared sharding or None, default device or None, device dtype) -> array:
         # the device buffers themselves.
@@ -384,9 +421,9 @@ class Store:
         The one cache-hit path: every use (`jnp` calls, jit arguments, `x.on`) comes here, and
         a hit is one dict lookup; it builds the key of `served` (see above `DROPPED`) itself,
         which as a call cost a measurable part of a hit (`python -m benchmarks compare`, rows
-        "cache hit ...: ratio to the one-slot floor"). `FrozenConst.__jax_array__` and
-        `FrozenConst.tree_flatten` inline the hit of the default placement under no
-        `jax.default_device` (`hot`), and come here for the rest.
+        "cache hit ...: ratio to the one-slot floor"). `FrozenConst.__jax_array__` inlines the
+        hit of the default placement under no `jax.default_device` (`hot`), its one marked
+        copy, and comes here for the rest.
         """
         setting = DEFAULT_DEVICE.value
         key = setting if sharding is None and self._by_device else (sharding, setting, X64.value)
@@ -419,7 +456,7 @@ class Store:
                     fresh = weakly_typed(fresh)
                 old, array = array, fresh
                 self._made[made] = array
-                OWNERS[id(array)] = self
+                OWNERS.add(array, self)
                 if old is not None:
                     self._disown(old)
             self._serve(key, array)
@@ -430,9 +467,9 @@ class Store:
     def _disown(self, array: jax.Array) -> None:
         """Drop `array`, a buffer no longer served, from `OWNERS` (called under the lock): a
         buffer deleted behind our back or evicted, replaced over and over, would otherwise
-        leave an entry per replacement while the constant lives (issue #37)."""
-        if OWNERS.get(id(array)) is self and not any(a is array for a in self._made.values()):
-            del OWNERS[id(array)]
+        leave an entry per replacement while the constant lives."""
+        if not any(a is array for a in self._made.values()):
+            OWNERS.discard(array, self)
 
     def _serve(self, key: Any, array: jax.Array) -> None:
         """Serve `array` to uses under `key` from now on (called under the lock)."""
@@ -480,7 +517,7 @@ class Store:
             existing = self._made.get((None, device, dtype))
             if existing is not None and not existing.is_deleted():
                 # Committing the default buffer on the same device is free:
-                # JAX hands back the same buffer (checked on 0.10.2 and 0.12.0.1).
+                # JAX hands back the same buffer (jax 0.10 and 0.12).
                 committed: jax.Array = jax.device_put(existing, sharding)
                 return committed
             single: jax.Array = jax.device_put(self.host, sharding)

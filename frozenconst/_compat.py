@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import inspect
 import os
 import sys
 import types
@@ -85,7 +84,7 @@ DEFAULT_DEVICE: Any = _setting("default_device", "jax_default_device")
 # `jax.core.eval_context()` makes primitives evaluate eagerly even while a trace
 # is active (inside `jit`, `grad`, `vmap`, `eval_shape`). `jax.device_put` under
 # a trace otherwise returns a tracer, and caching that would leak it.
-# Public in `jax.core` (checked on 0.8.1, 0.9.2, 0.10.2 and 0.12.0.1).
+# Public in `jax.core` (jax 0.8.1 to 0.12).
 # Fallback: `jax.ensure_compile_time_eval()`, under which `jax.device_put` of
 # host data is eager too under `jit`, `vmap`, `grad` and `eval_shape` (checked
 # on the same versions); the cache never keeps a tracer in any case.
@@ -98,7 +97,6 @@ eval_context: Callable[[], contextlib.AbstractContextManager[Any]] = getattr(
 # should point at the user's code, not at frozenconst's operator forwarding.
 # JAX hides its own frames the same way.
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-source_info_util.register_exclusion(PACKAGE_DIR)
 
 
 # Tracebacks. An error raised through a JAX API (a `jax.jit` function, a
@@ -114,8 +112,8 @@ source_info_util.register_exclusion(PACKAGE_DIR)
 # reads the mode (`_filtering_mode`, "auto" resolved as JAX resolves it) and
 # JAX's marks on an error it filtered: its note (`_simplified_tb_msg`, quiet
 # mode) or its `UnfilteredStackTrace` cause (remove_frames mode).
-# Private, no public alternative; all four names checked on jax 0.6.2, 0.9.2,
-# 0.10.2 and 0.12.0.1. Fallback: nothing registered, and `traceback_filtering`
+# Private, no public alternative; all four names in jax 0.8.1 to
+# 0.12. Fallback: nothing registered, and `traceback_filtering`
 # answers "off": frozenconst's frames stay (correct, only longer).
 def _find_traceback_util() -> Any:
     try:
@@ -125,11 +123,18 @@ def _find_traceback_util() -> Any:
     needed = ("register_exclusion", "_filtering_mode", "_simplified_tb_msg", "UnfilteredStackTrace")
     if not all(hasattr(traceback_util, name) for name in needed):  # pragma: no cover - newer JAX
         return None
-    traceback_util.register_exclusion(PACKAGE_DIR)
     return traceback_util
 
 
 _traceback_util: Any = _find_traceback_util()
+
+
+def exclude_package_frames() -> None:
+    """Have JAX treat frozenconst's frames as its own, in source locations and tracebacks
+    (`_install.install` calls it once)."""
+    source_info_util.register_exclusion(PACKAGE_DIR)
+    if _traceback_util is not None:
+        _traceback_util.register_exclusion(PACKAGE_DIR)
 
 
 def traceback_filtering() -> str:
@@ -153,8 +158,8 @@ def jax_filtered(err: BaseException) -> bool:
 Tracer: type = jax.core.Tracer
 
 
-# The class of JAX's concrete arrays: private `jax._src.array.ArrayImpl` (checked on
-# jax 0.8.1, 0.9.2, 0.10.2 and 0.12.0.1); making an array to ask its type would
+# The class of JAX's concrete arrays: private `jax._src.array.ArrayImpl` (jax 0.8.1
+# to 0.12); making an array to ask its type would
 # start a backend at import. Two uses: its public attributes, which it adds to
 # `jax.Array`'s (`devices`, `is_ready`, `weak_type`, `aval`, `unsafe_buffer_pointer`,
 # ...; `array_attributes`), and its operator functions, which an operator on a
@@ -179,7 +184,7 @@ ArrayImpl: type | None = _find_array_impl()
 # wraps. `FrozenConst` forwards each to its buffer with a property of its own, not
 # with `__getattr__`: a class with `__getattr__` makes every attribute read on its
 # instances slower, its own slots' included, which was a fifth of what a cache hit
-# cost beyond the one-slot floor (issue #26).
+# cost beyond the one-slot floor.
 def array_attributes(tracers: bool = True) -> frozenset[str]:
     """The public attribute names of `jax.Array`, its instances' class and (`tracers`) tracers."""
     classes = [c for c in (jax.Array, ArrayImpl, Tracer if tracers else None) if c is not None]
@@ -189,8 +194,8 @@ def array_attributes(tracers: bool = True) -> frozenset[str]:
 # The tracers of JAX's autodiff, so that a FrozenConst can be a constant to it
 # (`FrozenConst.tree_unflatten` stops their gradient) without changing the
 # programs of any other transformation: private `jax._src.interpreters.ad`'s
-# `JVPTracer` and `LinearizeTracer` (checked on jax 0.6.2, 0.9.2, 0.10.2 and
-# 0.12.0.1). Without them, every tracer (the same gradients, with a
+# `JVPTracer` and `LinearizeTracer` (jax 0.8.1 to
+# 0.12). Without them, every tracer (the same gradients, with a
 # `stop_gradient` in every traced program that takes a FrozenConst).
 def _find_ad_tracers() -> tuple[type, ...]:
     try:
@@ -211,11 +216,11 @@ DIFFERENTIATED: tuple[type, ...] = _find_ad_tracers()
 # class up in the private table `jax._src.core.pytype_aval_mappings` (class ->
 # function returning the value's aval; the same on 0.6.2, 0.9.2, 0.10.2 and
 # 0.12.0.1) and refuses any other object with `__jax_array__`: "Triggering
-# __jax_array__() during abstractification is no longer supported" (issue #26).
+# __jax_array__() during abstractification is no longer supported".
 # Registered there, a FrozenConst's type is that of `x.__jax_array__()`: its
 # cached buffer's, or inside `frozenconst.jit` its parameter's. No public hook
 # answers `typeof`.
-# And `jax.lax`'s operands (issue #35: `lax.dynamic_slice(table, (pos, 0), ...)`, how
+# And `jax.lax`'s operands (`lax.dynamic_slice(table, (pos, 0), ...)`, how
 # a decoder reads a rotary table). On jax 0.10.2 and 0.12.0.1 `Primitive.bind`
 # passes each operand through `jax._src.dtypes.canonicalize_value` before it asks
 # `typeof`; that function looks the operand's class up in a table of handlers
@@ -285,7 +290,7 @@ def register_array_type(cls: type, to_array: Callable[[Any], Any]) -> bool:
     return True
 
 
-# --- page-locked host buffers (issue #28, docs/host-memory.md) ---
+# --- page-locked host buffers (docs/host-memory.md) ---
 # Whether a device offers page-locked host memory: public
 # `Device.addressable_memories()`, the memory kinds it addresses. On the CPU
 # backend jax 0.9.2, 0.10.2 and 0.12.0.1 list `device`, `pinned_host` and
@@ -310,8 +315,8 @@ def _offers_pinned_host(device: Any) -> bool:
 # `host_memory="auto"` consults the default device only then, so that building a
 # constant never starts a backend (`jax.distributed.initialize` and
 # `jax_num_cpu_devices` must come before that). Private
-# `jax._src.xla_bridge.backends_are_initialized` (checked on jax 0.6.2, 0.9.2,
-# 0.10.2 and 0.12.0.1); no public alternative (`jax.devices()` starts them).
+# `jax._src.xla_bridge.backends_are_initialized` (jax 0.8.1 to
+# 0.12); no public alternative (`jax.devices()` starts them).
 # Fallback: never started, so `auto` keeps constants pageable (`pinned` still pins).
 def _find_backends_started() -> Callable[[], bool]:
     try:
@@ -333,40 +338,38 @@ backends_started: Callable[[], bool] = _find_backends_started()
 # sharding always commits its result (`_device_put_sharding_impl` in
 # jax/_src/dispatch.py), and no public call makes an uncommitted array of an
 # existing buffer. Private: `jax._src.array.ArrayImpl(aval, sharding, [buffer],
-# committed=False)` wraps the same device buffer, uncommitted (checked on jax
-# 0.8.1, 0.9.2, 0.10.2 and 0.12.0.1; tried once, on first need). Fallback: None,
+# committed=False)` wraps the same device buffer, uncommitted (jax 0.8.1 to 0.12; the
+# class `ArrayImpl` found above). Fallback: None,
 # and the caller transfers from the NumPy view of the host buffer, which JAX
 # reads as pageable memory (correct, at pageable speed), saying so once.
-_uncommitted_impl: Callable[..., Any] | None = None
-_uncommitted_tried = False
+class _Uncommitted:
+    """Whether JAX's private constructor still makes an uncommitted twin: False after its first
+    failure, which is not tried again."""
+
+    works = True
+
+
+_UNCOMMITTED = _Uncommitted()
 
 
 def uncommitted(array: Any) -> Any:
     """`array` (a committed single-device `jax.Array`) uncommitted, over the same buffer; or None."""
-    global _uncommitted_impl, _uncommitted_tried
-    if not _uncommitted_tried:
-        _uncommitted_tried = True
-        try:
-            from jax._src.array import ArrayImpl
-
-            _uncommitted_impl = ArrayImpl
-        except ImportError:  # pragma: no cover - newer JAX layouts
-            _uncommitted_impl = None
-    if _uncommitted_impl is None:
+    impl = ArrayImpl
+    if impl is None or not _UNCOMMITTED.works:
         return None
     try:
-        made = _uncommitted_impl(array.aval, array.sharding, [array], committed=False)
+        made = impl(array.aval, array.sharding, [array], committed=False)
     except Exception:  # a changed private constructor: any failure means "cannot"
-        _uncommitted_impl = None
+        _UNCOMMITTED.works = False
         return None
     if made.committed or made.unsafe_buffer_pointer() != array.unsafe_buffer_pointer():  # pragma: no cover
-        _uncommitted_impl = None
+        _UNCOMMITTED.works = False
         return None
     return made
 
 
 # A constant made from a Python scalar (`FrozenConst(0.5)`, `FrozenConst(3)`) is weakly
-# typed, as `jnp.asarray(0.5)` is: `x * bf16_array` stays bfloat16 (issue #37). Its device
+# typed, as `jnp.asarray(0.5)` is: `x * bf16_array` stays bfloat16. Its device
 # buffer must then carry JAX's weak type, which decides the promotion everywhere JAX meets it
 # (eager operators, `jax.numpy` calls, jit arguments, closed over, `frozenconst.jit`'s
 # parameters, `core.typeof`). `jax.device_put` of NumPy data makes a strong array, and no
@@ -374,7 +377,7 @@ def uncommitted(array: Any) -> Any:
 # dtype of the Python scalar under the x64 setting now, which can differ from the
 # constant's). Private: `jax._src.array.ArrayImpl(aval.update(weak_type=True), sharding,
 # per-device buffers, committed=...)` wraps the same device buffers (the class `ArrayImpl`
-# above; checked on jax 0.8.1, 0.9.2, 0.10.2 and 0.12.0.1, on one device and two). Fallback:
+# above; jax 0.8.1 to 0.12, on one device and two). Fallback:
 # the strong array (the promotion of `jnp.asarray(np.float32(0.5))`), said once.
 def weakly_typed(array: Any) -> Any:
     """`array` (a concrete `jax.Array`) marked weakly typed, over the same device buffers."""
@@ -398,8 +401,7 @@ def weakly_typed(array: Any) -> Any:
 # The concrete mesh set by `jax.set_mesh` (or, before jax 0.7.2, by the
 # context manager `jax.sharding.use_mesh`), for a bare PartitionSpec and for a
 # constant that follows a multi-device computation's mesh.
-# Public: `jax.sharding.get_mesh` (jax >= 0.8; checked on 0.8.3, 0.10.2 and
-# 0.12.0.1). But inside a trace (a `jax.jit`, `grad` or `vmap` around
+# Public: `jax.sharding.get_mesh` (jax >= 0.8). But inside a trace (a `jax.jit`, `grad` or `vmap` around
 # frozenconst code, or `x.on(P(...))` inside a jitted function) it raises
 # "`get_mesh` can only be used outside of `jax.jit`". What it returns there is
 # `jax._src.mesh.get_concrete_mesh()` (jax 0.8.1, 0.9.2, 0.10.2 and 0.12.0.1),
@@ -513,71 +515,30 @@ def lowering_embeds_literals(kwargs: dict[str, Any]) -> bool:
 # --- end of no_numpy_constants block ---
 
 
-# A warning about what a user's own line did (an optimizer's `init` that made a
-# derived copy, a donation) names that line: the frames of these packages are
-# skipped, so Python shows it once per such line, not once per tree operation
-# inside them. (Python 3.12's `warnings.warn(skip_file_prefixes=...)` does the same
-# by file; 3.11 has no such argument.)
-_LIBRARIES = frozenset({"jax", "jaxlib", "frozenconst", "optax", "equinox", "flax", "chex", "orbax"})
-# The standard library's machinery that runs other code (event loops, thread pools, context
-# managers): never the user's line (orbax restores through `asyncio`; issue #47 row 10).
-PLUMBING = frozenset({"asyncio", "concurrent", "threading", "contextlib", "functools", "selectors", "queue"})
-
-
-def user_stacklevel() -> int:
-    """The `stacklevel` that makes the caller's `warnings.warn` name the first frame outside
-    JAX, frozenconst and the training libraries."""
-    here = inspect.currentframe()
-    level, frame = 1, None if here is None else here.f_back
-    while frame is not None:
-        package = frame.f_globals.get("__name__", "").partition(".")[0]
-        if package not in _LIBRARIES and package not in PLUMBING:
-            return level
-        level += 1
-        frame = frame.f_back
-    return level
-
-
-# The packages whose code makes a constant on someone's behalf: not its origin.
-_MAKERS = frozenset({"frozenconst", "numpy", "jax", "jaxlib", "pickle", "copy", "copyreg"}) | PLUMBING
-
-
-def origin_module() -> str:
-    """The module of the first frame up the stack outside frozenconst, NumPy, JAX and the
-    standard library's plumbing: where a constant is made ("" where there is none)."""
-    frame = sys._getframe(1)  # pyright: ignore[reportPrivateUsage] - see `frame_at`
-    while frame is not None:
-        name: str = frame.f_globals.get("__name__", "")
-        if name.partition(".")[0] not in _MAKERS:
-            return name
-        frame = frame.f_back  # type: ignore[assignment]
-    return ""
-
-
 # The frame `depth` calls up the stack: CPython's `sys._getframe`, bound here once. Public in
 # spirit (`inspect.currentframe` is built on it, and `sys._getframe` is documented), it is the
-# C function itself, no Python frame of its own: `FrozenConst.tree_unflatten` reads the
-# frame of the code that called JAX's tree function on every derived copy (issue #35).
+# C function itself, no Python frame of its own: a rebuilt leaf reads the frame of the code
+# that called JAX's tree function on every derived copy (`_derived.rebuild`).
 # Every supported interpreter (CPython 3.11 to 3.13) has it.
 frame_at: Callable[[int], types.FrameType] = sys._getframe  # pyright: ignore[reportPrivateUsage]
 
 
-def library_of(frame: types.FrameType) -> str:
-    """The library among `_LIBRARIES` (or the standard library's `PLUMBING`) whose code `frame`
-    runs (its top-level package), or an empty string for a user's frame."""
-    package: str = frame.f_globals.get("__name__", "").partition(".")[0]
-    return package if package in _LIBRARIES or package in PLUMBING else ""
+# The module of JAX's jit in Python (`pjit`), whose frame is on the stack at a jitted function's
+# first call: the derived-copy warning names "your jitted function" as the copy's maker there.
+# Private: `jax._src.pjit`, the module since JAX 0.4; elsewhere nothing matches, and the warning
+# gives its general advice.
+JIT_MODULE = "jax._src.pjit"
 
 
 # The module whose code rebuilds the arguments of `jax.debug.print` and `jax.debug.callback`
 # (`tree_unflatten(in_tree, args)` in its callback) from the values the program printed: there a
 # FrozenConst's new array is the value to show, as a `jax.Array`'s is, not a copy of the
-# constant to warn of (issue #47 row 9). Private: `jax._src.debugging`, the module since JAX
+# constant to warn of. Private: `jax._src.debugging`, the module since JAX
 # 0.4; elsewhere nothing matches, and a printed constant shows as a derived copy, with the warning.
 DEBUG_CALLBACKS = "jax._src.debugging"
 
 
-# --- keeping constants out of programs at lowering (`_hoist`, `_lowering`) ---
+# --- keeping constants out of programs at lowering (`_hoist`, `_install`) ---
 # Reason: under JAX's default constant pipeline, a `jax.jit` program (and every wrapper built
 # on it: `eqx.filter_jit`, `nnx.jit`, a library's own jit, `pmap`) embeds the data of each array
 # it closes over. JAX's own simplified pipeline already knows how to pass a closed-over buffer
@@ -590,7 +551,7 @@ DEBUG_CALLBACKS = "jax._src.debugging"
 # pjit by module attribute), and `jax._src.core.jaxpr_const_args(jaxpr)`, the list of a
 # program's hoisted constants, read through `core.` by pxla, mlir, pjit, lax and shard_map and
 # by `core.eqn_params_const_args`. `mlir.LoweringParameters.hoist_constants_as_args` turns the
-# hoisting on. Checked on jax 0.8.1, 0.9.2, 0.10.2 and 0.12.0.1 (signatures unchanged). Before
+# hoisting on. The same signatures in jax 0.8.1 to 0.12. Before
 # 0.8.1 JAX's own hoisting fails (`pxla.hoist_constants_as_args` raises TypeError on 0.7.1 to
 # 0.8.0) or is absent: the supported floor. Fallback where a name is missing (a future
 # layout): `HOISTING` is None, nothing is installed, and JAX embeds FrozenConsts as any array,
@@ -639,8 +600,8 @@ class Hooks:
         `in_shardings`, resolved from the call's arguments), else of the context mesh
         (`jax.set_mesh`); None for a program on one device, or (`single`) the device of its first
         input placed on one. The device order is the mesh's, which is the program's device
-        assignment (`_device_assignment`, private, on every sharding class; checked on jax 0.8.1
-        to 0.12.0.1)."""
+        assignment (`_device_assignment`, private, on every sharding class; jax 0.8.1
+        to 0.12)."""
         in_shardings = kwargs.get("in_shardings", args[2] if len(args) > 2 else ())
         for found in in_shardings:
             if not isinstance(found, jax.sharding.Sharding):
@@ -700,8 +661,8 @@ HOISTING: Hooks | None = _find_hooks()
 # JAX's program objects, per version. Up to jax 0.11 a closed program is a `ClosedJaxpr`
 # (`.jaxpr`, an open `Jaxpr`, and `.consts`); from 0.12 there is one class, `Jaxpr`, whose
 # constants are its first inputs with values attached (`jax.extend.core.ClosedJaxpr` is the
-# same class). `Literal` and `Var` are public in `jax.extend.core`. Checked on 0.8.1, 0.9.2,
-# 0.10.2 and 0.12.0.1.
+# same class). `Literal` and `Var` are public in `jax.extend.core` (jax 0.8.1
+# to 0.12).
 Literal: Any = jax.extend.core.Literal
 Var: Any = jax.extend.core.Var
 _ClosedJaxpr: Any = jax.extend.core.ClosedJaxpr
@@ -762,7 +723,7 @@ def rebuild(
 
 def has_input_effects(jaxpr: Any) -> bool:
     """Whether an effect of `jaxpr` names one of its inputs by position (`JaxprInputEffect`,
-    private `jax._src.effects`; checked on 0.8.1 to 0.12.0.1): removing a constant would move it.
+    private `jax._src.effects`; jax 0.8.1 to 0.12): removing a constant would move it.
     Fallback where the class is gone: any effect counts."""
     effects = getattr(jaxpr, "effects", ())
     if not effects:
@@ -778,10 +739,10 @@ def has_input_effects(jaxpr: Any) -> bool:
 # Python path of a jitted call, `jax._src.pjit._pjit_call_impl_python(*args, jaxpr,
 # donated_invars, ...)`, through which the first call of every `jax.jit` program (and of the
 # wrappers built on it) reaches lowering; `args` are the call's flat arguments, in the order of
-# `donated_invars`. Private, checked on jax 0.8.1, 0.9.2, 0.10.2 and 0.12.0.1. Fallback: a
+# `donated_invars`. Private, jax 0.8.1 to 0.12. Fallback: a
 # frame of another shape answers nothing, so a donation is seen at the constant's next use
 # instead (`_cache.Store._fill`).
-_CALL_FRAME = ("jax._src.pjit", "_pjit_call_impl_python")
+_CALL_FRAME = (JIT_MODULE, "_pjit_call_impl_python")
 
 
 def donated_arguments(depth: int = 2, limit: int = 40) -> list[tuple[int, Any]]:
@@ -815,7 +776,7 @@ def donated_arguments(depth: int = 2, limit: int = 40) -> list[tuple[int, Any]]:
 # Private, no public alternative: `pxla.MeshComputation._hlo` (the lowered module, which
 # `jax.export` copies before its own rewriting) and `.const_args` (the hoisted values, in the
 # order of `main`'s parameters), and JAX's MLIR bindings (`jax._src.interpreters.mlir.ir`,
-# `jax._src.lib.mlir.dialects.func`). Checked on jax 0.8.1, 0.9.2, 0.10.2 and 0.12.0.1.
+# `jax._src.lib.mlir.dialects.func`). jax 0.8.1 to 0.12.
 # Fallback: where any is missing, False, and `frozenconst.export` refuses with a clear error
 # rather than writing a program that embeds the constants.
 def hoisted_values(lowering: Any) -> list[Any] | None:

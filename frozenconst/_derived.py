@@ -8,7 +8,7 @@ the type, so code written against FrozenConst runs unchanged (as JAX's `Tracer`
 stands where a `jax.Array` stood), but it never claims the original's host data.
 A copy made outside any trace (a jitted step's output, an optimizer's update) holds its
 `jax.Array` alone until something asks for more than the array (`FrozenConst._held`):
-a step rebuilds many, and one object each was a measurable part of it (issue #35).
+a step rebuilds many, and one object each was a measurable part of it.
 
 Why not a subclass of FrozenConst: JAX keys pytree nodes by exact type, so a
 subclass is a node of its own, and `jax.tree.map(f, model, grads)` over a model
@@ -17,24 +17,30 @@ The handle stays one type; what it holds is one of two classes with the same
 methods, reached through `FrozenConst._held`, and neither branches on which kind it is.
 """
 
+# pyright: reportPrivateUsage=false
+# (`rebuild` fills a new FrozenConst handle's private slots, as the class's own methods do.)
+
 from __future__ import annotations
 
 import threading
 import types
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 from jax.sharding import Sharding
 from numpy.typing import DTypeLike
 
-from ._cache import Store
-from ._compat import PLUMBING, Tracer, library_of
+from ._cache import OWNER_REFS, Store, owner_of
+from ._compat import DEBUG_CALLBACKS, DIFFERENTIATED, ArrayImpl, Tracer, frame_at
 from ._convert import to_numpy
-from ._deferred import raise_in
 from ._errors import FrozenConstTypeError, FrozenConstWarning
+from ._frames import find_user, raise_in
 from ._host import freeze, frozen_copy, human_bytes
+
+if TYPE_CHECKING:
+    from ._frozen import FrozenConst
 
 # Taken by a derived value making its frozen copy (`Derived.frozen`).
 _FROZEN_LOCK = threading.Lock()
@@ -200,7 +206,7 @@ def derived_of(leaf: Any) -> Derived:
 class _NoLeaf(Derived):
     """The record of every FrozenConst rebuilt around `None`, what `eqx.partition` leaves
     where the other half holds the array (equinox's `filter_jit` makes one per frozen
-    array per call, issue #36, and flattens it again): nothing about it is a copy's own,
+    array per call, and flattens it again): nothing about it is a copy's own,
     so one serves all."""
 
     __slots__ = ()
@@ -227,7 +233,7 @@ class _Told:
     user's call), more where a library's code is between (equinox's `filter_jit`, NNX,
     optax). Either way a copy made there again is decided by a lookup and a frame read,
     before any stack walk or formatting, so a step rebuilding 26 constants pays for none of
-    it (issue #35). `filters`: the list of filters all were kept under;
+    it. `filters`: the list of filters all were kept under;
     `warnings.catch_warnings` replaces that list, as Python then forgets what it has shown,
     and so do these.
     """
@@ -235,6 +241,10 @@ class _Told:
     __slots__ = ("codes", "filters", "last", "lines", "site", "sites")
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything said: Python's warning filters changed."""
         self.filters: object = warnings.filters
         self.lines: set[tuple[int, int]] = set()
         self.sites: dict[tuple[int, int], list[tuple[int, tuple[int, int]]]] = {}
@@ -252,9 +262,8 @@ class _Told:
 # The user lines kept per call site of JAX's tree functions (`_Told.sites`), the latest last.
 _LINES_PER_SITE = 8
 
-# Rebound (a fresh `_Told`) where the filters changed; `FrozenConst.tree_unflatten` reads it
-# through this module, for its checks before `note_derived_copy`.
-told = _Told()
+# What the warning has said: one object, reset in place where the filters changed.
+TOLD = _Told()
 
 
 def note_derived_copy(leaf: Any, caller: types.FrameType, node: type) -> None:
@@ -263,13 +272,13 @@ def note_derived_copy(leaf: Any, caller: types.FrameType, node: type) -> None:
     function (a jitted function's caller, whose outputs JAX rebuilds in C++, or a library's
     `tree_map`). Called by `FrozenConst.tree_unflatten` where its checks of `told` (inlined
     there: `_Told.last`, then `_Told.sites`) did not decide the copy, or the filters changed."""
-    global told
+    told = TOLD
     if told.filters is not warnings.filters:
-        told = _Told()
+        told.reset()
     site = (id(caller.f_code), caller.f_lasti)
     # A site reached from several user lines in turn (`jax.tree.map` called from two helpers,
     # two `eqx.filter_jit` steps): each line it was reached from is kept, and found again by
-    # a frame read per line, without the stack walk (issue #47 row 4).
+    # a frame read per line, without the stack walk.
     for depth, (code, lasti) in reversed(told.sites.get(site, ())):
         frame: types.FrameType | None = caller
         for _ in range(depth):
@@ -286,22 +295,7 @@ def note_derived_copy(leaf: Any, caller: types.FrameType, node: type) -> None:
 def _tell(told: _Told, caller: types.FrameType, site: tuple[int, int], leaf: Any, node: type) -> None:
     """Find the user's line above `caller`, note where `site` was reached from, and warn if
     the line is new."""
-    frame: types.FrameType | None = caller
-    library, depth = "", 0
-    outermost, outer_depth = caller, 0  # the outermost frame that is no plumbing
-    while frame is not None and (found := library_of(frame)):
-        if found not in PLUMBING:
-            outermost, outer_depth = frame, depth
-            if found not in ("frozenconst", "jax", "jaxlib"):
-                library = found  # the training library nearest the user's line gives the advice
-            elif not library and frame.f_globals.get("__name__") == "jax._src.pjit":
-                library = "jit"  # a jitted function's first call: JAX's jit in Python
-        frame, depth = frame.f_back, depth + 1
-    if frame is None:
-        # No user frame on this thread's stack (a library's own worker thread): the outermost
-        # library frame, never the standard library's event loop or pool.
-        frame, depth = outermost, outer_depth
-    user = frame
+    user, depth, library = find_user(caller)
     if user is caller:
         library, depth = "jit", 0  # no Python frame between: JAX's jit rebuilt its outputs in C++
     line = (id(user.f_code), user.f_lineno)
@@ -326,8 +320,8 @@ def _tell(told: _Told, caller: types.FrameType, site: tuple[int, int], leaf: Any
                 registry=module_globals.setdefault("__warningregistry__", {}),
             )
         except FrozenConstWarning as error:
-            # Made an error by the filters: not told, so said (raised) again next time (issue #47
-            # row 3), and raised once the library's rebuild has returned (row 1, `_deferred`).
+            # Made an error by the filters: not told, so said (raised) again next time, and
+            # raised once the library's rebuild has returned (`_frames.raise_in`).
             if not raise_in(user, error):
                 raise
             return
@@ -360,3 +354,131 @@ def _constants_rebuilt(caller: types.FrameType, node: type) -> int | None:
                 pending += tree.children()
             return count
     return None
+
+
+# -- what a rebuilt leaf becomes ---------------------------------------------------------------
+
+
+class CopyMark:
+    """The `_sharding` of a handle on a copy `rebuild` made: its `_store` is the copy's
+    `jax.Array` itself (`FrozenConst._held`)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "COPY"
+
+
+COPY = CopyMark()
+# `object.__new__`, bound once: a handle is made per pytree rebuild.
+_new = object.__new__
+
+
+def _in_debug_callback(caller: types.FrameType) -> bool:
+    """Whether JAX's tree function was called by `jax.debug.print`'s (or `callback`'s) rebuild of
+    its arguments: that code, or `jax.tree_util.tree_unflatten` called from it. There a
+    FrozenConst's new array is the value to show, as a `jax.Array`'s is, not a copy to warn of."""
+    if caller.f_globals.get("__name__") == DEBUG_CALLBACKS:
+        return True
+    above = caller.f_back
+    return above is not None and above.f_globals.get("__name__") == DEBUG_CALLBACKS
+
+
+def rebuild(cls: type[FrozenConst], aux_data: None, children: Any) -> FrozenConst | np.ndarray[Any, Any]:
+    """Rebuild a FrozenConst from a leaf (`FrozenConst.tree_unflatten`).
+
+    From the constant's own cached buffer (passed through `jit`, rebuilt by
+    `eqx.combine` or a flax NNX state round trip), the constant itself; from
+    anything else (a tracer, a gradient, a mapped result), a derived value
+    that never claims the original's host data; from NumPy data (`jax.device_get`),
+    that NumPy array. A value being differentiated
+    (`jax.grad`, `jvp`, `vjp`, `linearize`) is stopped here: a FrozenConst has
+    no gradient, and JAX's programs are otherwise those of a `jax.Array`.
+    A derived value around a new concrete `jax.Array` (an optimizer's state or
+    update, a jitted function's output) warns once per line of user code:
+    nothing else tells a user that their model no longer holds the constant
+    (docs/training.md, "What each idiom does").
+    """
+    (leaf,) = children
+    # `owner_of`, the derived-copy warning's checks and `_of`, inlined, and a concrete
+    # array's case first: a jitted step returning many FrozenConsts rebuilds each one per
+    # call (`python -m benchmarks training`; eqx partition/combine, NNX split/merge).
+    if type(leaf) is ArrayImpl:
+        ref = OWNER_REFS.get(id(leaf))
+        if ref is not None:
+            store = ref()
+            if store is not None:
+                if leaf is store.hot:
+                    # The default placement's buffer (served only where a use without a
+                    # sharding gets none, `Store._serve`): what `sharding_of` finds,
+                    # without its lock and walk.
+                    handle = _new(cls)
+                    handle._store = store
+                    handle._sharding = None
+                    return handle
+                owner = store.sharding_of(leaf)
+                if owner is not None:
+                    return cls._of(*owner)
+        # A new concrete array: a copy.
+        caller = frame_at(1)  # the code that called JAX's tree function
+        if _in_debug_callback(caller):
+            return leaf  # type: ignore[return-value]  # the value `jax.debug.print` shows, as a `jax.Array`
+        told = TOLD
+        code, lasti = told.last
+        if caller.f_code is not code or caller.f_lasti != lasti or told.filters is not warnings.filters:
+            # A site reached through a library's code (equinox's `filter_jit` rebuilding its
+            # outputs, `eqx.combine`'s `tree_map`: four copies per step of an equinox
+            # fine-tuning step), decided where the user's line it was reached from last is the one
+            # reaching it now: the site met last is read from `told.site`, a tree's other
+            # copies made there in turn, without the lookup in `told.sites`.
+            site_code, site_lasti, depth, user_code, user_lasti = told.site
+            if caller.f_code is not site_code or caller.f_lasti != site_lasti:
+                known = told.sites.get((id(caller.f_code), caller.f_lasti))
+                if known is None:
+                    depth = -1  # a site not met before
+                else:
+                    depth, (user_code, user_lasti) = known[-1]
+                    if depth:
+                        told.site = (caller.f_code, caller.f_lasti, depth, user_code, user_lasti)
+            if depth < 0 or told.filters is not warnings.filters:
+                note_derived_copy(leaf, caller, cls)
+            elif not depth:
+                told.last = (caller.f_code, caller.f_lasti)  # the user's own line, told before
+            else:
+                try:
+                    user = frame_at(1 + depth)  # this frame, then `caller`'s, then up
+                except ValueError:
+                    # The stack is shallower than where this site was reached from before
+                    # (module-level code calling `jax.tree_util.tree_map` itself, a site
+                    # first met through `jax.tree.map` in a function): another user line.
+                    user = None
+                if user is None or user.f_lasti != user_lasti or id(user.f_code) != user_code:
+                    note_derived_copy(leaf, caller, cls)
+        # The array itself, its record made where first asked for (`_held`).
+        handle = _new(cls)
+        handle._store = leaf  # type: ignore[assignment]  # the array, not a record: `COPY` says so
+        handle._sharding = COPY
+        return handle
+    elif leaf is None:
+        # The placeholder `eqx.partition` leaves in the half without arrays (equinox's
+        # `filter_jit` makes one per constant per call): one shared record.
+        derived: Derived = NO_LEAF
+    else:
+        if isinstance(leaf, DIFFERENTIATED):
+            # A constant to autodiff: the value without its tangent (where JAX's
+            # autodiff flattened the constant itself, that is its own buffer again).
+            leaf = jax.lax.stop_gradient(leaf)
+        elif type(leaf) is np.ndarray:
+            # NumPy data in the constant's place (`jax.device_get(x)`, `jax.tree.map(
+            # np.asarray, tree)`): that array, as for a `jax.Array` leaf, not a FrozenConst
+            # wrapping NumPy data. On the CPU a read-only view of the host data.
+            return leaf
+        elif ArrayImpl is None:  # a JAX without `ArrayImpl` (`_compat`): owners by lookup
+            owner = owner_of(leaf)
+            if owner is not None:
+                return cls._of(*owner)
+        derived = derived_of(leaf)  # a tracer: what a trace rebuilds
+    handle = _new(cls)
+    handle._store = derived
+    handle._sharding = None
+    return handle

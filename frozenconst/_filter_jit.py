@@ -39,7 +39,7 @@ def _traced_leaf(x: Any) -> bool:
     return isinstance(x, (FrozenConst, *_ARRAYS))
 
 
-class _Static:
+class Static:
     """Hashable static half of a call or an output: the tree, and its non-array leaves.
 
     A pytree node with no leaves, so that, returned from the traced function, it
@@ -69,7 +69,7 @@ class _Static:
 
     def __eq__(self, other: object) -> bool:
         return (
-            isinstance(other, _Static)
+            isinstance(other, Static)
             and self.treedef == other.treedef
             and len(self.leaves) == len(other.leaves)
             and all(_same_static(a, b) for a, b in zip(self.leaves, other.leaves, strict=True))
@@ -89,11 +89,8 @@ def _same_static(a: Any, b: Any) -> bool:
     # (1 and 1.0 and True are different static configurations). The same object first, as
     # `jax.jit` finds a static argument in its cache (Python's `tuple` and `dict` comparisons
     # do the same): a leaf unequal to itself (`float("nan")`) would otherwise compile anew
-    # at every call (issue #37).
+    # at every call.
     return a is b or (type(a) is type(b) and bool(a == b))
-
-
-jax.tree_util.register_pytree_node(_Static, lambda s: ((), s), lambda s, _: s)
 
 
 class _Dynamic:
@@ -123,14 +120,14 @@ class _Returned:
         return isinstance(other, _Returned) and other.position == self.position
 
 
-def _split(tree: Any) -> tuple[list[Any], _Static]:
+def _split(tree: Any) -> tuple[list[Any], Static]:
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_frozen)
     dynamic = [leaf if _traced_leaf(leaf) else None for leaf in leaves]
     static = tuple(_DYNAMIC if _traced_leaf(leaf) else leaf for leaf in leaves)
-    return dynamic, _Static(treedef, static)
+    return dynamic, Static(treedef, static)
 
 
-def _join(dynamic: list[Any], static: _Static, received: list[Any]) -> Any:
+def _join(dynamic: list[Any], static: Static, received: list[Any]) -> Any:
     leaves = [
         received[s.position] if isinstance(s, _Returned) else d if s is _DYNAMIC else s
         for d, s in zip(dynamic, static.leaves, strict=True)
@@ -150,7 +147,7 @@ class FilterJitted(Generic[_P, _R]):
         self._fun = fun
         call: Callable[..., Any] = fun  # called with the arguments rebuilt from the two halves
 
-        def traced(dynamic: list[Any], static: _Static) -> tuple[list[Any], _Static]:
+        def traced(dynamic: list[Any], static: Static) -> tuple[list[Any], Static]:
             args, kwargs = _join(dynamic, static, dynamic)
             # Each FrozenConst received holds a derived value around its parameter here.
             received = {id(leaf): i for i, leaf in enumerate(map(derived_leaf, dynamic)) if leaf is not None}
@@ -162,7 +159,7 @@ class FilterJitted(Generic[_P, _R]):
                 if position is not None and derived_leaf(dynamic[position]) is leaf:
                     # Returned as received: the caller gets its own object back.
                     marks[i], out_dynamic[i] = _Returned(position), None
-            return out_dynamic, _Static(out_static.treedef, tuple(marks))
+            return out_dynamic, Static(out_static.treedef, tuple(marks))
 
         # Its own signature for jax.jit, and the user's function behind `__wrapped__`, whose
         # file and line JAX names in its tracing errors.

@@ -19,7 +19,7 @@ def _to_state(x: FrozenConst) -> Any:
     # a jitted step's output): the array it holds, as flax keeps a `jax.Array`
     # as it is. linen's `__setattr__` asks for the state of every attribute a
     # module's `setup()` assigns (`_map_over_modules_in_tree`), traced params
-    # included; `np.asarray` of a tracer raises there (issue #35).
+    # included; `np.asarray` of a tracer raises there.
     leaf = derived_leaf(x)
     return np.asarray(x) if leaf is None else leaf
 

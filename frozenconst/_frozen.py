@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import threading
-import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -14,41 +13,23 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 from numpy.typing import ArrayLike, DTypeLike
 
-from . import _derived
-from ._cache import OWNER_REFS, STATE, Placement, Store, Use, live_twin, owner_of
+from ._cache import STATE, Placement, Store, Use, live_twin
 from ._compat import (
-    DEBUG_CALLBACKS,
     DEFAULT_DEVICE,
-    DIFFERENTIATED,
     ArrayImpl,
     Tracer,
     array_attributes,
-    frame_at,
-    register_array_type,
 )
-from ._derived import NO_LEAF, Derived, copy_record, derived_of, note_derived_copy
+from ._derived import COPY, NO_LEAF, CopyMark, Derived, copy_record, rebuild
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._host import HostMemory, frozen_copy, host_memory_choice
 from ._partial import as_shape, from_callback, from_source, lazily_sliceable, spans_processes
 from ._stats import ConstStats, const_stats
 from ._targets import Target, as_sharding
 
-# `object.__new__`, bound once: a handle is made per pytree rebuild, and the attribute lookup
-# was a measurable part of one (issue #35).
+# `object.__new__`, bound once: a handle is made per pytree rebuild.
 _new = object.__new__
 
-
-class _CopyMark:
-    """The `_sharding` of a handle on a copy `FrozenConst.tree_unflatten` made: its `_store`
-    is the copy's `jax.Array` itself (`FrozenConst._held`)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "COPY"
-
-
-COPY = _CopyMark()
 # Taken by a handle making its copy's record (`FrozenConst._held`): one record per copy,
 # whichever thread asks first.
 _RECORD_LOCK = threading.Lock()
@@ -127,11 +108,11 @@ class FrozenConst(_StaticBase):
     # (`_derived.Derived`). They answer the same calls, so no method here asks which
     # (`_held`). A copy `tree_unflatten` made (`_sharding` is `COPY`) holds its
     # `jax.Array` here, and its `Derived` in `_record` once asked for: one object per
-    # copy, where a step rebuilds many (issue #35).
+    # copy, where a step rebuilds many.
     _store: Store | Derived
     # The declared sharding every use gets (`sharding=`, `placed`); None: the
     # default device, following `jax.default_device`; `COPY`: a copy (`_declared`).
-    _sharding: jax.sharding.Sharding | _CopyMark | None
+    _sharding: jax.sharding.Sharding | CopyMark | None
     _record: Derived
 
     def __init__(
@@ -270,130 +251,15 @@ class FrozenConst(_StaticBase):
         So jit arguments cost no transfer and never retrace for another constant
         of the same shape and dtype, and transformations keep the type (JEP 28661).
         """
-        # `__jax_array__`, inlined (see there): as a call it cost a measurable part of a hit.
-        sharding = self._sharding
-        if sharding is None:
-            store = self._store
-            array = store.hot
-            if array is not None and DEFAULT_DEVICE.value is None and not array.is_deleted():
-                if STATE.accounting:
-                    store.hits += 1
-                return (array,), None
-            # A derived value's leaf, as `Derived.array` answers it: a copy a step rebuilt costs
-            # no more checks than this. A store has no leaf.
-            leaf = store.leaf
-            if leaf is not None:
-                return (leaf,), None
-            return (store.array(None),), None
-        if sharding is COPY:
-            # A copy's own array (`_held`). `_store` is typed as a handle on a record holds it.
-            return (self._store,), None  # type: ignore[return-value]
-        return (self._store.array(sharding),), None  # type: ignore[arg-type]  # a sharding, `COPY` is not
+        return (self.__jax_array__(),), None
 
     def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, jax.Array]], None]:
         """As `tree_flatten`, with the leaf's key path `.value`."""
         return ((jax.tree_util.GetAttrKey("value"), self.__jax_array__()),), None
 
-    @classmethod
-    def tree_unflatten(cls, aux_data: None, children: Any) -> FrozenConst | np.ndarray[Any, Any]:
-        """Rebuild from a leaf.
-
-        From the constant's own cached buffer (passed through `jit`, rebuilt by
-        `eqx.combine` or a flax NNX state round trip), the constant itself; from
-        anything else (a tracer, a gradient, a mapped result), a derived value
-        that never claims the original's host data; from NumPy data (`jax.device_get`),
-        that NumPy array. A value being differentiated
-        (`jax.grad`, `jvp`, `vjp`, `linearize`) is stopped here: a FrozenConst has
-        no gradient, and JAX's programs are otherwise those of a `jax.Array`.
-        A derived value around a new concrete `jax.Array` (an optimizer's state or
-        update, a jitted function's output) warns once per line of user code:
-        nothing else tells a user that their model no longer holds the constant
-        (docs/training.md, "What each idiom does").
-        """
-        (leaf,) = children
-        # `owner_of`, the derived-copy warning's checks and `_of`, inlined, and a concrete
-        # array's case first: a jitted step returning many FrozenConsts rebuilds each one per
-        # call, and each call here was a measurable part of it (issue #35, `python -m
-        # benchmarks training`, derived copies; eqx partition/combine, NNX split/merge: #36).
-        if type(leaf) is ArrayImpl:
-            ref = OWNER_REFS.get(id(leaf))
-            if ref is not None:
-                store = ref()
-                if store is not None:
-                    if leaf is store.hot:
-                        # The default placement's buffer (served only where a use without a
-                        # sharding gets none, `Store._serve`): what `sharding_of` finds,
-                        # without its lock and walk.
-                        handle = _new(cls)
-                        handle._store = store
-                        handle._sharding = None
-                        return handle
-                    owner = store.sharding_of(leaf)
-                    if owner is not None:
-                        return cls._of(*owner)
-            # A new concrete array: a copy.
-            caller = frame_at(1)  # the code that called JAX's tree function
-            if _in_debug_callback(caller):
-                return leaf  # type: ignore[return-value]  # the value `jax.debug.print` shows, as a `jax.Array`
-            told = _derived.told
-            code, lasti = told.last
-            if caller.f_code is not code or caller.f_lasti != lasti or told.filters is not warnings.filters:
-                # A site reached through a library's code (equinox's `filter_jit` rebuilding its
-                # outputs, `eqx.combine`'s `tree_map`: four copies per step of #36's equinox
-                # example), decided where the user's line it was reached from last is the one
-                # reaching it now: the site met last is read from `told.site`, a tree's other
-                # copies made there in turn, without the lookup in `told.sites`.
-                site_code, site_lasti, depth, user_code, user_lasti = told.site
-                if caller.f_code is not site_code or caller.f_lasti != site_lasti:
-                    known = told.sites.get((id(caller.f_code), caller.f_lasti))
-                    if known is None:
-                        depth = -1  # a site not met before
-                    else:
-                        depth, (user_code, user_lasti) = known[-1]
-                        if depth:
-                            told.site = (caller.f_code, caller.f_lasti, depth, user_code, user_lasti)
-                if depth < 0 or told.filters is not warnings.filters:
-                    note_derived_copy(leaf, caller, cls)
-                elif not depth:
-                    told.last = (caller.f_code, caller.f_lasti)  # the user's own line, told before
-                else:
-                    try:
-                        user = frame_at(1 + depth)  # this frame, then `caller`'s, then up
-                    except ValueError:
-                        # The stack is shallower than where this site was reached from before
-                        # (module-level code calling `jax.tree_util.tree_map` itself, a site
-                        # first met through `jax.tree.map` in a function): another user line.
-                        user = None
-                    if user is None or user.f_lasti != user_lasti or id(user.f_code) != user_code:
-                        note_derived_copy(leaf, caller, cls)
-            # The array itself, its record made where first asked for (`_held`).
-            handle = _new(cls)
-            handle._store = leaf  # type: ignore[assignment]  # the array, not a record: `COPY` says so
-            handle._sharding = COPY
-            return handle
-        elif leaf is None:
-            # The placeholder `eqx.partition` leaves in the half without arrays (equinox's
-            # `filter_jit` makes one per constant per call, #36): one shared record.
-            derived: Derived = NO_LEAF
-        else:
-            if isinstance(leaf, DIFFERENTIATED):
-                # A constant to autodiff: the value without its tangent (where JAX's
-                # autodiff flattened the constant itself, that is its own buffer again).
-                leaf = jax.lax.stop_gradient(leaf)
-            elif type(leaf) is np.ndarray:
-                # NumPy data in the constant's place (`jax.device_get(x)`, `jax.tree.map(
-                # np.asarray, tree)`): that array, as for a `jax.Array` leaf, not a FrozenConst
-                # wrapping NumPy data (issue #37). On the CPU a read-only view of the host data.
-                return leaf
-            elif ArrayImpl is None:  # a JAX without `ArrayImpl` (`_compat`): owners by lookup
-                owner = owner_of(leaf)
-                if owner is not None:
-                    return cls._of(*owner)
-            derived = derived_of(leaf)  # a tracer: what a trace rebuilds
-        handle = _new(cls)
-        handle._store = derived
-        handle._sharding = None
-        return handle
+    # What a rebuilt leaf becomes, and the derived-copy warning, live in `_derived` (`rebuild`):
+    # bound here as the classmethod itself, so JAX calls it with no frame of its own between.
+    tree_unflatten = classmethod(rebuild)
 
     # -- the device side -------------------------------------------------------
 
@@ -402,11 +268,12 @@ class FrozenConst(_StaticBase):
 
         Inside a trace too: a compiled program that uses it takes it as a parameter (`_hoist`).
         """
-        # `Store.array`'s hit for the default placement with no `jax_default_device` set
-        # (`Store.hot`), inlined: the call was a measurable part of a cache hit (`python -m
-        # benchmarks compare`, rows "cache hit ...: ratio to the one-slot floor"). Anything
-        # else (a `jax.default_device` in force, a buffer not served yet or deleted, a
-        # declared sharding, a derived value) is `Store.array`'s.
+        # The one inline copy of `Store.array`'s rule: its hit for the default placement with
+        # no `jax_default_device` set (`Store.hot`), read here because the call was a
+        # measurable part of a cache hit (`python -m benchmarks compare`). Anything else (a
+        # `jax.default_device` in force, a buffer not served yet or deleted, a declared
+        # sharding) is `Store.array`'s; a derived value's leaf and a copy's array are their
+        # own. `tests/test_cache.py` checks that this copy answers what the rule answers.
         sharding = self._sharding
         if sharding is None:
             store = self._store
@@ -415,12 +282,12 @@ class FrozenConst(_StaticBase):
                 if STATE.accounting:
                     store.hits += 1
                 return array
-            leaf = store.leaf  # a derived value's, as in `tree_flatten`
+            leaf = store.leaf  # a derived value's (`Derived.array`)
             if leaf is not None:
                 return leaf  # type: ignore[no-any-return]
             return store.array(None)
         if sharding is COPY:
-            return self._store  # type: ignore[return-value]  # a copy's own array, as in `tree_flatten`
+            return self._store  # type: ignore[return-value]  # a copy's own array
         return self._store.array(sharding)  # type: ignore[arg-type]  # a sharding, `COPY` is not
 
     def on(self, target: Target) -> jax.Array:
@@ -735,8 +602,7 @@ class FrozenConst(_StaticBase):
 
     def __contains__(self, value: Any) -> bool:
         """`value in x`, as `value in jnp.asarray(x)`: one comparison on the device where JAX
-        has one (jax >= 0.10), where Python's fallback (`__iter__`) compared element by element
-        (a 20,000-element constant: 441-521 ms against 0.3-2.9 ms, issue #37)."""
+        has one (jax >= 0.10), not Python's fallback (`__iter__`), element by element."""
         return _unwrap(value) in self.__jax_array__()
 
     def __array_namespace__(self, *, api_version: str | None = None) -> Any:
@@ -757,7 +623,7 @@ class FrozenConst(_StaticBase):
     if TYPE_CHECKING:
         # What runs: a `jax.Array`, computed from the constant's buffer. JAX 0.12's stubs type
         # these `-> Self`, which would make each a FrozenConst to a type checker (`x.T.evict()`
-        # passing mypy and pyright, failing when run: issue #47 row 17). The ignores name the
+        # passing mypy and pyright, failing when run). The ignores name the
         # override of `Self`; on a JAX whose stubs return `Array` there is nothing to ignore.
         def __round__(self, ndigits: Any = None) -> jax.Array: ...  # type: ignore[override, unused-ignore]
         def __neg__(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
@@ -832,7 +698,7 @@ class FrozenConst(_StaticBase):
         if self._store is NO_LEAF:
             # The placeholder a tree of `None`s holds in a constant's place (`eqx.partition`'s
             # other half, `jax.tree.map(lambda v: None, tree)`): pickled as that, as the tree
-            # would be with a `jax.Array` there (issue #47 row 11).
+            # would be with a `jax.Array` there.
             return (_placeholder, ())
         host = self._host("pickle.dumps(x)")
         sharding = self._declared()
@@ -937,15 +803,6 @@ def _rebuild_sharding(state: tuple[Any, ...]) -> jax.sharding.Sharding:
     raise LookupError(f"frozenconst cannot carry a placement of this kind through pickle ({state[1]})")
 
 
-def _in_debug_callback(caller: types.FrameType) -> bool:
-    """Whether JAX's tree function was called by `jax.debug.print`'s (or `callback`'s) rebuild of
-    its arguments: that code, or `jax.tree_util.tree_unflatten` called from it."""
-    if caller.f_globals.get("__name__") == DEBUG_CALLBACKS:
-        return True
-    above = caller.f_back
-    return above is not None and above.f_globals.get("__name__") == DEBUG_CALLBACKS
-
-
 def _placeholder() -> FrozenConst:
     """Unpickle the placeholder of a tree of `None`s: the one `tree_unflatten` makes of `None`."""
     made = FrozenConst.tree_unflatten(None, (None,))
@@ -981,7 +838,7 @@ def _unpickle_placed(host: np.ndarray[Any, Any], state: tuple[Any, ...]) -> Froz
 
 def with_live_twin(x: FrozenConst) -> FrozenConst:
     """`x`, or where a constant of the same content is live, a handle on that one with `x`'s
-    declared sharding: its host and device buffers, never a second copy (issue #47 row 18)."""
+    declared sharding: its host and device buffers, never a second copy."""
     store = x._held()  # pyright: ignore[reportPrivateUsage] - its own class's
     twin = live_twin(store) if isinstance(store, Store) else None
     if twin is None:
@@ -1037,7 +894,7 @@ def _forward(name: str) -> Any:
 def _forward_binary(name: str) -> Any:
     # The common case, one operand, without `*args` and `map`, and with `jax.Array`'s own
     # function where the buffer is a concrete array (a tracer's is looked up by name):
-    # `x @ w` was the cache hit furthest from the one-slot floor (issue #26).
+    # `x @ w` was the cache hit furthest from the one-slot floor.
     # `impl` is None where the class lacks the operator (or JAX lacks the class): every
     # buffer's is then looked up by name, at no extra check per call.
     on_array = getattr(ArrayImpl, name, None)
@@ -1114,17 +971,3 @@ def _install_forwarded() -> None:
 _install_operators()
 _install_forwarded()
 _UNLISTED = _REFUSED | (array_attributes() - array_attributes(tracers=False))
-# Registered with the methods themselves (not `register_pytree_with_keys_class`,
-# which calls them through `operator.methodcaller`): one call less per flatten. JAX's
-# annotation says a node unflattens to its own type; NumPy data in a constant's place
-# unflattens to that NumPy array (`tree_unflatten`), as JAX itself allows.
-jax.tree_util.register_pytree_with_keys(
-    FrozenConst,
-    FrozenConst.tree_flatten_with_keys,
-    FrozenConst.tree_unflatten,  # type: ignore[arg-type]
-    FrozenConst.tree_flatten,
-)
-# JAX's `core.typeof(x)` answers the cached buffer's type, where a jax.numpy function
-# asks it before converting (`jnp.bincount(x, weights)`), and `jax.lax` takes the buffer
-# as an operand, on the JAX versions that have the tables (`_compat.register_array_type`).
-register_array_type(FrozenConst, FrozenConst.__jax_array__)

@@ -1,7 +1,7 @@
 """A guard for test suites: fail when traced code captures a raw NumPy constant.
 
 While a guard is open, frozenconst is shown each program JAX lowers for
-compilation (`_lowering`, the one place frozenconst installs into JAX)
+compilation (`_install`, the one place frozenconst installs into JAX)
 and walks it, with the walk `frozenconst.audit` uses, nested programs
 included. The decision is made from the constants themselves, under either
 constant pipeline, whatever else the program captures.
@@ -10,10 +10,7 @@ constant pipeline, whatever else the program captures.
 from __future__ import annotations
 
 import contextlib
-import inspect
-import os
 import threading
-import types
 import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -22,8 +19,9 @@ import jax
 import numpy as np
 
 from ._errors import CapturedNumpyConstantError, FrozenConstWarning
+from ._frames import Frame, user_frames
+from ._install import Observer, observe, unobserve
 from ._jaxprs import walk, where
-from ._lowering import observe, unobserve
 
 # One host array, by the memory it shows: a TypedNdArray view JAX made of a
 # user's array and the array itself are one constant.
@@ -35,6 +33,7 @@ class _Guard:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
+        self.lock = threading.Lock()  # programs are lowered in any thread
         self.lines: list[str] = []
         self.blind: list[str] = []  # programs that could not be inspected, and why
         # Reported arrays stay referenced until the block ends, so their keys
@@ -43,6 +42,20 @@ class _Guard:
         # The user's frames when the first offending program was lowered, innermost
         # first: the pytest plugin shows the test's own line from them.
         self.stack: tuple[Frame, ...] = ()
+        # The bound method, kept: `unobserve` finds an observer by identity.
+        self.observer: Observer = self.observe
+
+    def observe(self, program: Any, embeds_literals: bool) -> None:
+        """Record what `program`, a program JAX lowers while this guard is open, captures:
+        the guard's observer in `_install`'s registry."""
+        try:
+            found = _numpy_constants(program)
+        except Exception as exc:  # a JAX this walk does not understand: said at block end
+            with self.lock:
+                self.blind.append(f"{type(exc).__name__}: {exc}")
+            return
+        with self.lock:
+            self.record(found)
 
     def record(self, found: Sequence[tuple[_BufferId, np.ndarray, Any]]) -> None:
         for key, host, eqn in found:
@@ -50,31 +63,7 @@ class _Guard:
                 self._reported[key] = host
                 self.lines.append(_line(host, eqn))
                 if not self.stack:
-                    self.stack = _user_stack()
-
-
-# A frame of the user's code, with the instruction and line it was at when recorded (the
-# frame moves on afterwards): what a traceback entry needs (`types.TracebackType`).
-Frame = tuple[types.FrameType, int, int]
-_LIBRARIES = (os.path.dirname(__file__) + os.sep, os.path.dirname(jax.__file__) + os.sep)
-
-
-def _user_stack() -> tuple[Frame, ...]:
-    """The calling thread's frames outside frozenconst and JAX, innermost first."""
-    frames: list[Frame] = []
-    here = inspect.currentframe()
-    frame = None if here is None else here.f_back
-    while frame is not None:
-        if not frame.f_code.co_filename.startswith(_LIBRARIES):
-            frames.append((frame, frame.f_lasti, frame.f_lineno))
-        frame = frame.f_back
-    return tuple(frames)
-
-
-# The guards open now, in any thread. `_open` is only rebound (never mutated) under
-# `_lock`, so the observer reads a consistent tuple without taking the lock.
-_lock = threading.Lock()
-_open: tuple[_Guard, ...] = ()
+                    self.stack = user_frames()
 
 
 def _host_array(value: Any) -> np.ndarray | None:
@@ -104,46 +93,6 @@ def _numpy_constants(program: Any) -> list[tuple[_BufferId, np.ndarray, Any]]:
         if host is not None and (key := _key(host)) not in found:
             found[key] = (key, host, eqn)
     return list(found.values())
-
-
-def _observe(program: Any, guards: tuple[_Guard, ...]) -> None:
-    try:
-        found = _numpy_constants(program)
-    except Exception as exc:  # a JAX this walk does not understand: say so at block end
-        with _lock:
-            for guard in guards:
-                guard.blind.append(f"{type(exc).__name__}: {exc}")
-        return
-    with _lock:
-        for guard in guards:
-            guard.record(found)
-
-
-def _observe_open(program: Any, embeds_literals: bool) -> None:
-    """The guards' observer of every program JAX lowers (`_lowering`), while one is open."""
-    guards = _open
-    if guards:
-        _observe(program, guards)
-
-
-def _attach(guard: _Guard) -> bool:
-    """Open `guard`, observing JAX's lowering if it is the first; False where JAX has no
-    lowering function frozenconst can see."""
-    global _open
-    with _lock:
-        if not _open and not observe(_observe_open):
-            return False
-        _open = (*_open, guard)
-    return True
-
-
-def _detach(guard: _Guard) -> None:
-    """Close `guard`, no longer observing JAX's lowering when it was the last one open."""
-    global _open
-    with _lock:
-        _open = tuple(g for g in _open if g is not guard)
-        if not _open:
-            unobserve(_observe_open)
 
 
 def _line(host: np.ndarray, eqn: Any) -> str:
@@ -206,7 +155,7 @@ class _NoNumpyConstants(contextlib.ContextDecorator):
 
     def __enter__(self) -> None:
         guard = _Guard(self.max_bytes)
-        if not _attach(guard):
+        if not observe(guard.observer):
             warnings.warn(
                 f"frozenconst.no_numpy_constants cannot see the programs jax {jax.__version__} "
                 "compiles (no lowering hook in frozenconst._compat for this version): "
@@ -227,7 +176,7 @@ class _NoNumpyConstants(contextlib.ContextDecorator):
         guard = self._open.pop()
         if guard is None:
             return False
-        _detach(guard)
+        unobserve(guard.observer)
         found = f"{len(guard.lines)} raw NumPy constant(s) captured by traced code:\n" + "\n".join(
             f"- {line}" for line in guard.lines
         )

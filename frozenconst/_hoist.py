@@ -3,7 +3,7 @@
 Every program JAX compiles is lowered once, through one function (`_compat.HOISTING.lower`):
 `jax.jit` functions and everything built on them (`eqx.filter_jit`, `nnx.jit`,
 `frozenconst.jit`, a library's own jit, `pmap`, eager `jax.numpy` calls), and `jax.export`.
-`lower` (installed by `_lowering`) looks at the program about to be lowered: each FrozenConst
+`lower` (installed by `_install`) looks at the program about to be lowered: each FrozenConst
 buffer it uses above `EMBED_MAX_BYTES` becomes a parameter of the executable, through JAX's own
 machinery for hoisted constants, which passes the buffer at each call, on the C++ fast path.
 Under JAX's default pipeline the program holds such a buffer as embedded data: `hoist` turns it
@@ -50,9 +50,9 @@ from ._compat import (
     is_program,
     numpy_of,
     rewire_hoisted,
-    user_stacklevel,
 )
 from ._errors import FrozenConstRuntimeError, FrozenConstWarning
+from ._frames import user_stacklevel
 from ._host import human_bytes
 from ._jaxprs import hoist, walk, where
 
@@ -350,7 +350,7 @@ def _lowered(
 def _undonated(args: Any, kwargs: Any) -> tuple[Any, Any]:
     """`lower`'s arguments with every FrozenConst buffer the call donates kept, not donated: a
     constant is never the place for a step's outputs, and a donated buffer would be deleted at
-    every call and transferred again at every next use (issue #47 row 8). Where the call is not
+    every call and transferred again at every next use. Where the call is not
     found (an ahead-of-time `.lower()`), the donation stands, and the deleted buffer is met at
     the constant's next use (`Store._lost`)."""
     kept = set()
@@ -527,7 +527,7 @@ class _Told:
     """What was said, per constant: once per case and line, recorded once it was shown, and
     forgotten where Python's warning filters change (`warnings.catch_warnings`, a new filter),
     as Python forgets what its registries showed: a warning ignored under one filter is said
-    under the next, so no test's filters decide what another's see (issue #47 row 15)."""
+    under the next, so no test's filters decide what another's see."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -584,7 +584,7 @@ def _warn(uses: list[_Use], why: str, reason: str = "") -> None:
         more = f" and {len(new) - 1} more FrozenConst(s), {human_bytes(total)} in all,"
     value = first.value
     # Where JAX recorded no line for the use (inside `shard_map`), the warning's own location,
-    # the user's line that compiles the program, is the one to name (issue #47 row 13).
+    # the user's line that compiles the program, is the one to name.
     used = "" if first.line is None else f", used at {_tail(first.line, 160)}"
     made = f", made in `{first.store.origin}`" if first.store.origin else ""
     message = (

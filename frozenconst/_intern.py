@@ -13,7 +13,7 @@ from ._frozen import FrozenConst, adopt_host, content_key, with_live_twin
 from ._host import frozen_copy
 
 # Keyed by fingerprint and weak type: `intern(0.5)` (weakly typed, as `jnp.asarray(0.5)`)
-# and `intern(np.float32(0.5))` hold the same bytes and promote differently (issue #47 row 2).
+# and `intern(np.float32(0.5))` hold the same bytes and promote differently.
 _TABLE: weakref.WeakValueDictionary[tuple[str, bool], FrozenConst] = weakref.WeakValueDictionary()
 _LOCK = threading.Lock()
 

@@ -21,10 +21,10 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 import jax
 
 from ._errors import FrozenConstTypeError
+from ._frames import boundary, hide_own_frames
 from ._frozen import FrozenConst
 from ._hoist import EMBED_MAX_BYTES, WRAPPER_FRAMES, Options, meet_losses
 from ._refusals import refused_as_array
-from ._tracebacks import boundary, hide_own_frames
 
 # The wrapped function's parameters and return type, kept for type checkers (`jax.jit`'s own
 # wrapper returns `Any`).

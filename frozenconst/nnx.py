@@ -50,7 +50,7 @@ _N = TypeVar("_N")
 # Where a Variable keeps its value: a slot `_raw_value` since flax 0.12 (read and
 # written by name, `get_raw_value`/`set_raw_value` and `object.__setattr__`, in
 # graphlib, `nnx.jit`'s write-back and `jit_partial`'s `_apply_raw_updates`);
-# `raw_value` in flax 0.11 (checked on 0.11.2, 0.12.6, 0.12.8, 0.12.12). `Frozen`
+# `raw_value` in flax 0.11 (flax 0.11 to 0.12). `Frozen`
 # puts a property of that name in front of the slot: every read and write of the
 # value, whichever path flax takes, goes through `_read` and `_write` below.
 _STORAGE = "_raw_value" if "_raw_value" in getattr(nnx.Variable, "__slots__", ()) else "raw_value"
@@ -121,13 +121,13 @@ class Frozen(nnx.Variable[jax.Array]):
 
             flax makes a variable with `object.__new__` on each pytree rebuild (a jitted
             step's outputs, `nnx.merge`) and writes its value at once, through `_write`,
-            which reads the slots first: unset, that read raised and caught an error, 1.2 us
-            of the 2.1 us a rebuilt `Frozen` took over a rebuilt `nnx.Param` (issue #36)."""
+            which reads the slots first: unset, that read would raise and catch an error on
+            every rebuild."""
             variable: Any = super()._new(_FRESH, metadata)
             if type(value) is ArrayImpl:
                 # `_write` on a new variable given a concrete array, inlined: a step's
                 # outputs rebuilt (the NNX performance guide's functional loop rebuilds
-                # every variable per step, #36). The constant where the array is its
+                # every variable per step). The constant where the array is its
                 # own buffer, else the copy as written.
                 owner = owner_of(value)
                 if owner is None:

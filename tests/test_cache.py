@@ -261,3 +261,46 @@ def test_buffers_made_again_and_again_keep_no_entry_for_the_old_ones():
             jnp.asarray(x).block_until_ready()  # made again
         counts.append(weakref.getweakrefcount(x._store))
     assert len(set(counts[:5])) == 1 and len(set(counts[5:])) == 1, counts  # (two placements, then one)
+
+
+# The hit of the default placement is read inline by `__jax_array__` and `tree_flatten` (a call
+# there is a measurable part of a hit); `Store.array` is the one rule they copy. This test reaches
+# inside (`_held`, `_declared`) to ask that rule itself, in every state a handle can be in.
+def _answers(x):
+    inline = x.__jax_array__()
+    (flattened,) = jax.tree_util.tree_leaves(x)
+    rule = x._held().array(x._declared())
+    return inline, flattened, rule
+
+
+def _agree(x):
+    inline, flattened, rule = _answers(x)
+    assert inline is flattened is rule, (inline, flattened, rule)
+    return inline
+
+
+def test_the_inline_hits_answer_what_the_one_rule_answers():
+    data = unique_data((8, 8))
+    x = FrozenConst(data)
+    first = _agree(x)  # the first use: nothing served yet, then the default buffer
+    assert _agree(x) is first  # a hit of the default placement
+    with jax.default_device(jax.devices()[-1]):  # a default device in force: not the slot
+        _agree(x)
+    first.delete()  # deleted behind frozenconst's back: a new buffer, the same for all three
+    with pytest.warns(FrozenConstWarning, match="was deleted"):
+        renewed = _agree(x)
+    assert renewed is not first and not renewed.is_deleted()
+    placed = FrozenConst(data + 1, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    _agree(placed)  # a declared sharding
+    with pytest.warns(FrozenConstWarning, match="put a copy of FrozenConst values"):
+        copy = jax.tree.map(lambda a: a + 1, x)  # a copy: its own new array
+    assert _agree(copy) is not renewed
+    seen = []
+
+    def traced(t):
+        seen.append(_answers(t))  # a derived value inside a trace: its tracer, for all three
+        return jnp.sum(t)
+
+    jax.jit(traced)(x)
+    (answers,) = seen
+    assert answers[0] is answers[1] is answers[2]

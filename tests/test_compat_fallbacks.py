@@ -373,7 +373,7 @@ def test_with_public_hooks_removed_the_private_ones_are_found_and_results_hold()
 def test_without_jaxs_autodiff_tracers_every_tracer_is_stopped_and_gradients_are_the_same(monkeypatch):
     # `_compat.DIFFERENTIATED` falls back to every tracer: the constant still has no
     # gradient, and the others are what they are; traced programs gain a stop_gradient.
-    from frozenconst import _frozen
+    from frozenconst import _derived
 
     tree = {"w": jnp.full(3, 0.5), "c": FrozenConst(np.arange(1.0, 7.0, dtype=np.float32).reshape(2, 3))}
 
@@ -382,7 +382,7 @@ def test_without_jaxs_autodiff_tracers_every_tracer_is_stopped_and_gradients_are
 
     with pytest.warns(FrozenConstWarning, match="not the constant's own buffer"):
         expected = jax.grad(loss)(tree)
-    monkeypatch.setattr(_frozen, "DIFFERENTIATED", (_compat.Tracer,))
+    monkeypatch.setattr(_derived, "DIFFERENTIATED", (_compat.Tracer,))
     with pytest.warns(FrozenConstWarning, match="not the constant's own buffer"):
         got = jax.jit(jax.grad(loss))(tree)
     np.testing.assert_array_equal(np.asarray(got["c"]), np.zeros((2, 3)))
@@ -420,11 +420,11 @@ def test_without_jaxs_array_class_a_constant_rebuilds_as_itself_and_a_new_array_
     # `FrozenConst.tree_unflatten` takes a concrete `ArrayImpl` leaf's case first; with the
     # class not found (`_compat.ArrayImpl` None) every leaf goes the other way, which must
     # still find the constant's own buffer (the identity through `jax.jit`) and NumPy data.
-    from frozenconst import _frozen
+    from frozenconst import _derived
 
     x = FrozenConst(unique_data((3, 3)))
     own = jnp.asarray(x)
-    monkeypatch.setattr(_frozen, "ArrayImpl", None)
+    monkeypatch.setattr(_derived, "ArrayImpl", None)
     back = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(x), [own])
     assert back.is_concrete and jnp.asarray(back) is own
     through = jax.jit(lambda t: t)(x)  # the output is a new buffer: a copy, not the constant

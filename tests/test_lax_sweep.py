@@ -670,7 +670,7 @@ class _Case:
         got = program(frozenconst.jit(lambda: run(*_with(refs, i, x)), embed_max_bytes=0))
         as_argument = self._as_argument(i)
         if not got.traced.ok:
-            # Refused at the trace (`trace`, through `_tracebacks.boundary`; filter_jit's check
+            # Refused at the trace (`trace`, through `_frames.boundary`; filter_jit's check
             # below calls, through `JitWrapped.__call__`).
             frozenconst_refuses(got.traced, as_argument.traced, self.example)
             return

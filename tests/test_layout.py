@@ -15,15 +15,25 @@ LAYERS = [
     ["_compat", "_refusals"],
     ["_dtypes"],
     ["_convert"],
-    ["_host", "_targets", "_tracebacks", "_jaxprs", "_deferred"],
+    ["_host", "_targets", "_frames", "_jaxprs"],
     ["_cache"],
     ["_partial", "_derived", "_stats", "_hoist"],
-    ["_frozen", "_lowering"],
+    ["_frozen"],
     ["_jit"],
     ["_audit", "_checkpoints", "_filter_jit", "_flax", "_intern", "_training", "nnx", "strategies"],
-    ["_export", "_guard", "_hypothesis_hook"],
+    ["_export", "_hypothesis_hook"],
+    ["_install"],
+    ["_guard"],
     ["_pytest_plugin", "__init__", "__main__"],
 ]
+# The core: a constant's construction, host buffer, device store, pytree handling and array API.
+# It imports nothing of the jit side (`_hoist`, `_jit`, `_filter_jit`, `_export`), of the tools
+# (`_audit`, `_guard`, the command line) or of the framework glue: the jit side plugs in through
+# `_install` (the `_cache.DROPPED` seam, JAX's lowering functions).
+CORE = [
+    "_errors", "_fingerprint", "_compat", "_refusals", "_dtypes", "_convert", "_host", "_targets",
+    "_frames", "_jaxprs", "_cache", "_partial", "_derived", "_stats", "_frozen",
+]  # fmt: skip
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
 
@@ -61,11 +71,122 @@ def test_each_module_imports_only_modules_below_it():
     assert not upward, f"imports at or above their own layer: {sorted(upward)}"
 
 
+def test_the_core_imports_nothing_of_the_jit_the_tools_or_the_frameworks():
+    core = set(CORE)
+    outside = {
+        (name, imported) for name in CORE for imported in _runtime_imports(PACKAGE / f"{name}.py") - core
+    }
+    assert not outside, f"core modules importing outside the core: {sorted(outside)}"
+    frameworks = {"flax", "equinox", "optax", "orbax", "hypothesis", "pytest"}
+    third_party = {(name, top) for name in CORE for top in _third_party(PACKAGE / f"{name}.py") & frameworks}
+    assert not third_party, sorted(third_party)
+
+
+def _third_party(path: pathlib.Path) -> set[str]:
+    """The top-level packages `path` imports, anywhere in it (a function's own import too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_no_module_rebinds_a_global():
+    # Process-wide state belongs to named objects, each with its lock: no `global` statement.
+    found = [
+        f"{path.name}:{node.lineno}"
+        for path in sorted(PACKAGE.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Global)
+    ]
+    assert not found, found
+
+
+# What changes JAX's own state (or flax's, hypothesis's): called in `_install` alone, at import.
+_INSTALLING = {
+    "register_pytree_node",
+    "register_pytree_with_keys",
+    "register_pytree_node_class",
+    "register_pytree_with_keys_class",
+    "register_dataclass",
+    "register_exclusion",
+    "register_array_type",
+    "register_serialization_state",
+    "exclude_package_frames",
+}
+
+
+def _calls(path: pathlib.Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            names.add(func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", ""))
+    return names
+
+
+def test_only_install_changes_jaxs_state():
+    # `_compat` defines the shims (`register_array_type`, `exclude_package_frames`) that call
+    # JAX's registries; `_flax.register_flax` is the public call for flax imported later.
+    allowed = {"_install": _INSTALLING, "_compat": _INSTALLING, "_flax": {"register_serialization_state"}}
+    found = {
+        (path.stem, name)
+        for path in PACKAGE.glob("*.py")
+        for name in _calls(path) & _INSTALLING
+        if name not in allowed.get(path.stem, set())
+    }
+    assert not found, sorted(found)
+
+
+def test_jaxs_private_modules_are_named_in_compat_alone():
+    # A JAX-private module, imported or matched by name (a frame's module, a traceback's),
+    # lives in `_compat` with its reason, versions and fallback.
+    found = [
+        f"{path.name}:{number}"
+        for path in sorted(PACKAGE.glob("*.py"))
+        if path.stem != "_compat"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "jax._src" in line and not line.lstrip().startswith("#")
+    ]
+    assert not found, found
+
+
+def _picture_rows() -> list[set[str]]:
+    """The modules on each row of docs/design/index.md's picture, top row first."""
+    text = (PACKAGE.parent / "docs" / "design" / "index.md").read_text()
+    block = text.split("## The package, one page", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    words = [set(line.replace(",", " ").split()) for line in block.splitlines()]
+    return [row & set(LEVEL) for row in words if row & set(LEVEL)]
+
+
+def test_the_design_picture_shows_every_module_once_each_above_what_it_imports():
+    rows = _picture_rows()
+    shown = [name for row in rows for name in row]
+    assert sorted(shown) == sorted(LEVEL), "docs/design/index.md's picture of the modules"
+    row_of = {name: i for i, row in enumerate(rows) for name in row}
+    below = {
+        (path.stem, imported)
+        for path in PACKAGE.glob("*.py")
+        for imported in _runtime_imports(path)
+        if imported in row_of and path.stem != "__init__" and row_of[imported] <= row_of[path.stem]
+    }
+    assert not below, f"the picture shows these imports going sideways or up: {sorted(below)}"
+
+
 def test_the_check_sees_an_upward_import(tmp_path):
     # The check itself can fail: a module that imports one above it is found.
     module = tmp_path / "_cache.py"
     module.write_text("from ._jit import jit\nif TYPE_CHECKING:\n    from ._frozen import FrozenConst\n")
     assert _runtime_imports(module) == {"_jit"}
+    # And the other checks: a framework import, a `global`, a registration, a private module.
+    module.write_text(
+        "import flax.nnx\ndef f():\n    global X\n    jax.tree_util.register_pytree_node(A, g, h)\n"
+        "    return 'jax._src.pjit'\n"
+    )
+    assert "flax" in _third_party(module) and "register_pytree_node" in _calls(module)
+    assert any(isinstance(n, ast.Global) for n in ast.walk(ast.parse(module.read_text())))
 
 
 # docs/design/index.md, "Words, one meaning each": the drift the code is checked for.

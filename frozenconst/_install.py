@@ -1,15 +1,26 @@
-"""Everything frozenconst installs into JAX, installed by one call, `install()`, at import.
+"""Everything frozenconst changes in JAX's state (and in flax's and hypothesis's), in one place.
 
-Three of JAX's lowering functions are wrapped, each once, each read by JAX through its module
-at call time (`_compat` says where and on which versions):
+`import frozenconst` calls `install()` once; nothing else in the package changes another
+library's state when imported. What it installs:
 
-- `pxla.lower_sharding_computation`, which lowers every jitted program: `_hoist.lower` keeps
-  FrozenConsts out of it (or embeds them and says why);
-- `core.jaxpr_const_args`, a program's hoisted constants: `_hoist.const_args` answers for the
-  lowering `_hoist.lower` runs, and JAX's own function answers everywhere else;
-- `mlir.lower_jaxpr_to_module`, which every top-level program reaches: it shows the program to
-  the observers registered here (the pytest guard `no_numpy_constants`, while a guard is open;
-  on a JAX whose hoisting frozenconst cannot reach, the warning of what is embedded).
+- FrozenConst as a pytree node (`jax.tree_util`), and as an array type `jax.lax` takes as an
+  operand where JAX has the tables (`_compat.register_array_type`);
+- frozenconst's files among the frames JAX leaves out of source locations and tracebacks,
+  as it leaves its own (`_compat.exclude_package_frames`);
+- `frozenconst.filter_jit`'s static placeholder as a pytree node;
+- three of JAX's lowering functions, each wrapped once, each read by JAX through its module
+  at call time (`_compat` says where and on which versions):
+  - `pxla.lower_sharding_computation`, which lowers every jitted program: `_hoist.lower` keeps
+    FrozenConsts out of it (or embeds them and says why);
+  - `core.jaxpr_const_args`, a program's hoisted constants: `_hoist.const_args` answers for
+    the lowering `_hoist.lower` runs, and JAX's own function answers everywhere else;
+  - `mlir.lower_jaxpr_to_module`, which every top-level program reaches: it shows the program
+    to the observers registered here (each open `no_numpy_constants` guard; on a JAX whose
+    hoisting frozenconst cannot reach, the warning of what is embedded);
+- the seam between the core and the jit side: a dropped or lost device buffer is told to
+  `_hoist.dropped` (`_cache.DROPPED`), which recompiles the programs that held it;
+- `flax.serialization` and `st.from_type` learn FrozenConst, where flax or hypothesis is
+  imported already (the other order: `register_flax()`, hypothesis's entry point).
 
 Lowering happens once per program, never on a cached call, so none of this costs a call
 anything. A program with no FrozenConst lowers exactly as JAX lowers it.
@@ -22,8 +33,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import jax
+
 from . import _compat, _hoist
 from ._cache import DROPPED
+from ._filter_jit import Static
+from ._flax import register_if_imported as register_flax_if_imported
+from ._frozen import FrozenConst
+from ._hypothesis_hook import register_if_imported as register_strategy_if_imported
 
 # An observer: `(program, embeds_literals)`, the closed program JAX lowers and whether its
 # literal arrays are copied into it (`_compat.lowering_embeds_literals`).
@@ -45,11 +62,27 @@ _installed = _Installed()
 
 
 def install() -> None:
-    """Install frozenconst's lowering into JAX, once per process (`import frozenconst` calls it)."""
+    """Install everything above, once per process (`import frozenconst` calls it)."""
     with _installed.lock:
         if _installed.done:
             return
         _installed.done = True
+        _compat.exclude_package_frames()
+        # Registered with the methods themselves (not `register_pytree_with_keys_class`, which
+        # calls them through `operator.methodcaller`): one call less per flatten. JAX's
+        # annotation says a node unflattens to its own type; NumPy data in a constant's place
+        # unflattens to that NumPy array (`_derived.rebuild`), as JAX itself allows.
+        jax.tree_util.register_pytree_with_keys(
+            FrozenConst,
+            FrozenConst.tree_flatten_with_keys,
+            FrozenConst.tree_unflatten,  # type: ignore[arg-type]
+            FrozenConst.tree_flatten,
+        )
+        # `core.typeof(x)` answers the cached buffer's type, where a jax.numpy function asks it
+        # before converting (`jnp.bincount(x, weights)`), and `jax.lax` takes the buffer as an
+        # operand, on the JAX versions that have the tables.
+        _compat.register_array_type(FrozenConst, FrozenConst.__jax_array__)
+        jax.tree_util.register_pytree_node(Static, lambda s: ((), s), lambda s, _: s)
         hooks = _compat.HOISTING
         if hooks is not None:
             original = hooks.lower
@@ -61,6 +94,8 @@ def install() -> None:
             # No hoisting to reach on this JAX: what programs embed is said instead.
             _installed.observers = (*_installed.observers, _hoist.observe_unhoisted)
         DROPPED.append(_hoist.dropped)
+    register_flax_if_imported()
+    register_strategy_if_imported()
 
 
 def observe(observer: Observer) -> bool:

@@ -1,0 +1,201 @@
+"""Which frame is the user's: the one policy every warning, the guard and every error follow.
+
+A warning names the user's line: the first frame up the stack outside JAX, frozenconst and
+the libraries that compile or rebuild trees for the user (`LIBRARIES`), never the standard
+library's machinery that runs other code (`PLUMBING`: an orbax restore runs under `asyncio`).
+The same rule says where a constant was made (`origin_module`), which frames the pytest
+guard reports (`user_frames`), and where the derived-copy warning is told (`find_user`).
+
+Errors: a warning that the filters make an error, met while a library rebuilds its tree, is
+raised in the user's frame once the rebuild has returned (`raise_in`); an error leaving one of
+frozenconst's entry points drops frozenconst's frames where JAX dropped its own (`boundary`).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import types
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+from ._compat import JIT_MODULE, PACKAGE_DIR, frame_at, jax_filtered, traceback_filtering
+from ._refusals import refused_as_array
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+# The packages whose frames are never the user's line: JAX, frozenconst, NumPy (a `__array__`
+# or `__dlpack__` that warns is called from NumPy's code), and the training libraries that
+# compile, rebuild or restore trees on the user's behalf.
+LIBRARIES = frozenset({"jax", "jaxlib", "frozenconst", "numpy", "optax", "equinox", "flax", "chex", "orbax"})
+# The standard library's machinery that runs other code (event loops, thread pools, context
+# managers, copies and pickles): never the user's line, and not a library's either.
+PLUMBING = frozenset(
+    {"asyncio", "concurrent", "threading", "contextlib", "functools", "selectors", "queue"}
+    | {"pickle", "copy", "copyreg"}
+)
+# The packages that are the machinery of tracing and rebuilding, not a library with advice of
+# its own for the derived-copy warning (`find_user`'s third answer).
+_MACHINERY = frozenset({"frozenconst", "jax", "jaxlib", "numpy"})
+
+
+def library_of(frame: types.FrameType) -> str:
+    """The package among `LIBRARIES` or `PLUMBING` whose code `frame` runs, or "" for a user's."""
+    package: str = frame.f_globals.get("__name__", "").partition(".")[0]
+    return package if package in LIBRARIES or package in PLUMBING else ""
+
+
+def find_user(frame: types.FrameType) -> tuple[types.FrameType, int, str]:
+    """The user's frame at or above `frame`: the frame, how many frames up it is, and the
+    library nearest it ("jit" where JAX's jit in Python is the nearest; "" where none is).
+    On a stack with no user frame (a library's own worker thread), the outermost library
+    frame, never the standard library's plumbing."""
+    library, depth = "", 0
+    outermost, outer_depth = frame, 0
+    here: types.FrameType | None = frame
+    while here is not None and (found := library_of(here)):
+        if found not in PLUMBING:
+            outermost, outer_depth = here, depth
+            if found not in _MACHINERY:
+                library = found  # the training library nearest the user's line gives the advice
+            elif not library and here.f_globals.get("__name__") == JIT_MODULE:
+                library = "jit"  # a jitted function's first call: JAX's jit in Python
+        here, depth = here.f_back, depth + 1
+    if here is None:
+        return outermost, outer_depth, library
+    return here, depth, library
+
+
+def user_stacklevel() -> int:
+    """The `stacklevel` that makes the caller's `warnings.warn` name the user's frame."""
+    return find_user(frame_at(1))[1] + 1
+
+
+def origin_module() -> str:
+    """The module whose code is making a constant: the user's frame's ("" where there is none)."""
+    user, _, _ = find_user(frame_at(1))
+    name: str = user.f_globals.get("__name__", "")
+    return "" if library_of(user) else name
+
+
+# A frame of the user's code, with the instruction and line it was at when recorded (the
+# frame moves on afterwards): what a traceback entry needs (`types.TracebackType`).
+Frame = tuple[types.FrameType, int, int]
+
+
+def user_frames() -> tuple[Frame, ...]:
+    """Every frame of the calling thread that is the user's, innermost first."""
+    frames: list[Frame] = []
+    frame: types.FrameType | None = frame_at(1)
+    while frame is not None:
+        if not library_of(frame):
+            frames.append((frame, frame.f_lasti, frame.f_lineno))
+        frame = frame.f_back
+    return tuple(frames)
+
+
+# -- errors raised in the user's frame --------------------------------------------------------
+
+_PENDING = threading.local()
+
+
+def raise_in(frame: types.FrameType, error: BaseException) -> bool:
+    """Raise `error` in `frame` at its next instruction; False where it cannot (then the
+    caller raises it). One error per thread is pending at a time: a rebuild of many
+    constants raises the first.
+
+    JAX calls `FrozenConst.tree_unflatten` from inside other libraries' rebuilding of their
+    trees: flax NNX's graph rebuild empties a module, then fills it child by child. A warning
+    raised there as an error would leave the module empty. Raised in the user's frame once
+    the rebuild has returned, the step raises and the model is whole. This is what a
+    debugger does to stop at a frame (`f_trace` on a running frame, then `sys.settrace`);
+    where a tracer is already set (a debugger, coverage) the error is raised at once.
+    """
+    if getattr(_PENDING, "error", None) is not None:
+        return True  # the first of this rebuild is already on its way
+    if sys.gettrace() is not None:
+        return False
+
+    def local(traced: types.FrameType, event: str, arg: Any) -> Any:
+        if traced is not frame:
+            return None
+        pending = _PENDING.error
+        _PENDING.error = None
+        frame.f_trace_opcodes = False
+        frame.f_trace = None
+        sys.settrace(None)
+        if event == "exception":
+            return None  # another error leaves the call first: it is the one raised
+        raise pending
+
+    _PENDING.error = error
+    frame.f_trace_opcodes = True
+    frame.f_trace = local
+    # The global trace function is asked once per frame entered until then, and traces none.
+    sys.settrace(lambda traced, event, arg: local if traced is frame else None)
+    return True
+
+
+# -- frozenconst's own frames in a user's traceback ---------------------------------------------
+# Below a JAX API boundary (the function `frozenconst.jit` traces, a FrozenConst's operators
+# inside `jax.numpy`) JAX removes frozenconst's frames as its own (`_compat` registers the
+# package with it). Above it, the frames of frozenconst's entry points remain: `hide_own_frames`
+# drops them from an error that JAX filtered, in the same mode, so the traceback goes from the
+# user's call straight to the user's line that failed. Under `JAX_TRACEBACK_FILTERING=off`
+# every frame stays.
+
+
+def _own(frame: types.FrameType) -> bool:
+    return frame.f_code.co_filename.startswith(PACKAGE_DIR)
+
+
+def hide_own_frames(err: BaseException) -> None:
+    """Drop frozenconst's frames from `err`'s traceback where JAX dropped its own (or mark them,
+    under "tracebackhide"); leave them under "off", or where no JAX boundary filtered `err`."""
+    mode = traceback_filtering()
+    if mode == "tracebackhide":
+        # As JAX marks its own: IPython (and pytest) skip frames holding this local.
+        tb = err.__traceback__
+        while tb is not None:
+            if _own(tb.tb_frame):
+                tb.tb_frame.f_locals["__tracebackhide__"] = True
+            tb = tb.tb_next
+    elif mode in ("remove_frames", "quiet_remove_frames") and jax_filtered(err):
+        err.with_traceback(_without_own(err.__traceback__))
+
+
+def _without_own(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The traceback less frozenconst's entries; the others keep their own line and position
+    (`tb_lasti`, not the frame's last instruction, which a `finally:` block may have moved on)."""
+    kept: list[types.TracebackType] = []
+    while tb is not None:
+        if not _own(tb.tb_frame):
+            kept.append(tb)
+        tb = tb.tb_next
+    out: types.TracebackType | None = None
+    for entry in reversed(kept):
+        out = types.TracebackType(out, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return out
+
+
+def boundary(fun: Callable[_P, _R]) -> Callable[_P, _R]:
+    """`fun` as an entry point of frozenconst: an error leaving it drops frozenconst's frames
+    where JAX dropped its own, and JAX's refusal of a FrozenConst is frozenconst's error
+    (`JitWrapped.__call__` does the same inline, without the extra call)."""
+
+    @functools.wraps(fun)
+    def entry(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return fun(*args, **kwargs)
+        except Exception as err:
+            hide_own_frames(err)
+            refused = refused_as_array(err)
+            if refused is not None:
+                # JAX refused a FrozenConst where it takes only a jax.Array: frozenconst's own
+                # error, naming the user's line and the fix (`_refusals`).
+                raise refused.with_traceback(err.__traceback__) from err
+            raise
+
+    return entry
