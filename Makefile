@@ -45,9 +45,8 @@ SIMPLIFIED_ONLY_FLAGS := -m "not pipeline_independent"
 # JAX's persistent compilation cache, one per environment, shared by that environment's
 # passes (tests/conftest.py turns it on for the pytest process where this variable names a
 # folder; subprocesses the tests start compile as a user's program does). Most programs a
-# pass compiles are the same under both pipelines: the simplified pass after the default
-# one took 83 s against 193 s uncached for test_hoisting, test_jit, test_jax_integration
-# and test_numpy_sweep (jax 0.10.2, this 2-core machine). `make clean` removes it.
+# pass compiles are the same under both pipelines, so the simplified pass reuses most of the
+# default pass's programs from the cache. `make clean` removes it.
 # Python 3.12's JAX (0.12.0.1) aborts the process writing a program with a float6 literal to
 # the cache (`literal.cc:2746] Unhandled primitive type F6E3M2FN`, a check failure in
 # HloModule::ToProto; tests/test_bad_input.py meets one): tests/conftest.py writes no program
@@ -57,13 +56,11 @@ COMPILE_CACHE = FROZENCONST_TEST_COMPILATION_CACHE=$(CURDIR)/$(1)/compilation-ca
 # The suite's passes compile with XLA's backend at optimisation level 0: LLVM's -O0 for
 # the machine code XLA's CPU backend generates; XLA's HLO passes (fusion, constant folding, what
 # `compiled.as_text()` shows) run as at the default level, and no test reads a time. Most of a
-# pass is XLA compiling small programs that each run a few times: measured, the jax.scipy
-# `truncnorm` sweep 60 s at the default level, 24 s at 0 (jax 0.10.2; 32 s against 22 s on
-# 0.12.0.1). The doctests (the docs' and docstrings' examples, both pipelines) compile at XLA's
-# default level, as users' programs do. A whole pass at the default level cost more than the
-# cache it kept from sharing (XLA_FLAGS are part of the cache key), measured from a fresh clone:
-# jax 0.6.2's pass 743 s against 481 s at level 0; Python 3.12's default pass 674 s against
-# its simplified pass's 566 s. A user's own XLA_FLAGS are kept, after it.
+# pass is XLA compiling small programs that each run a few times, so the machine code's
+# optimisation costs more than it saves. The doctests (the docs' and docstrings' examples, both
+# pipelines) compile at XLA's default level, as users' programs do. A whole pass at the default
+# level costs more than one at level 0, even counting the cache that level 0 keeps it from
+# sharing (XLA_FLAGS are part of the cache key). A user's own XLA_FLAGS are kept, after it.
 QUICK_CODEGEN := XLA_FLAGS="--xla_backend_optimization_level=0 $${XLA_FLAGS:-}"
 
 .PHONY: demo test test-fast checks lint typecheck docs doctest doctest-wheel doctest-default doctest-simplified \
@@ -87,8 +84,7 @@ $(VENV312)/.installed: pyproject.toml
 	$(VENV312)/bin/python -m pip install $(PIP_FLAGS) -e '.[test,integration,lint]'
 	@touch $@
 
-# pip picks the newest integration libraries that declare support for the pinned
-# JAX (at 0.6.2: flax 0.11.x; equinox, optax, jaxtyping and beartype current).
+# pip picks the newest integration libraries that declare support for the pinned JAX.
 $(VENVFLOOR)/.installed $(VENVMIDDLE)/.installed: pyproject.toml
 	@test -n "$(PYTHON311)" || { echo "error: no Python 3.11 found; set PYTHON311=/path/to/python3.11" >&2; exit 1; }
 	@test -x $(@D)/bin/python || $(PYTHON311) -m venv $(@D)
@@ -228,8 +224,7 @@ checks: $(CHECKS)
 # cache; make runs whatever else is ready meanwhile. Run alone, each target needs nothing.
 # And nothing starts before every environment is built: make would otherwise start whatever
 # is ready while the others build (the short checks, then a simplified pass), and the longest
-# passes, started later, would end last (seen in a fresh clone's run: 0.9.2's simplified pass
-# ran alone at the end).
+# passes, started later, would end last, running alone at the end.
 ifneq ($(filter checks,$(MAKECMDGOALS)),)
 pytest-311-simplified package: | pytest-311-default
 pytest-middle-simplified: | pytest-middle-default
@@ -248,7 +243,8 @@ bench: $(VENV311)/.installed
 	$(VENV311)/bin/python -m benchmarks
 
 # The core section's cache hits and frozenconst.jit per call: the frozenconst of
-# git revision BASE against the working tree's (#13: within 3%). Not part of bench.
+# git revision BASE against the working tree's (within benchmarks/compare.py's 3% bound).
+# Not part of bench.
 BASE ?= HEAD
 bench-compare: $(VENV311)/.installed
 	$(VENV311)/bin/python -m benchmarks compare $(BASE)

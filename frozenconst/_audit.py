@@ -11,7 +11,7 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from ._cache import LIVE, OWNER_REFS
+from ._cache import OWNER_REFS, STATE
 from ._compat import SIMPLIFIED_CONSTANTS, numpy_of, simplified_hoists
 from ._fingerprint import fingerprint
 from ._hoist import EMBED_MAX_BYTES
@@ -253,7 +253,7 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
         if refused is None:
             raise
         raise refused from err
-    frozen_ids = {id(a) for store in list(LIVE) for a in store.arrays()}
+    frozen_ids = {id(a) for store in list(STATE.live) for a in store.arrays()}
 
     found: dict[object, dict[str, Any]] = {}
     order: list[object] = []

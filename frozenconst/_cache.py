@@ -2,7 +2,7 @@
 
 `Store.array` is the path every use of a constant takes, a hit one dict lookup (one slot,
 `Store.hot`, for the default placement while no `jax.default_device` is in force). Where a
-buffer is dropped (`evict`) or lost (donated, deleted), the functions in `DROPPED` are told:
+buffer is dropped (`evict`) or lost (donated, deleted), the functions in `STATE.dropped` are told:
 that is how compiled programs holding it let go (`_hoist.dropped`), without this module
 knowing of any jit.
 """
@@ -90,7 +90,7 @@ class Placement:
 # The state the cache keeps for the whole process, in one object: `from ._cache
 # import STATE` binds the object, so every module reads and writes the same fields.
 class _State:
-    __slots__ = ("accounting", "retired_hits", "retired_transfers")
+    __slots__ = ("accounting", "dropped", "live", "retired_hits", "retired_transfers")
 
     def __init__(self) -> None:
         # Whether cache hits are counted (`frozenconst.set_accounting`).
@@ -98,6 +98,12 @@ class _State:
         # Counts carried over from constants that have been garbage-collected.
         self.retired_hits = 0
         self.retired_transfers = 0
+        # Every live store, for `frozenconst.stats()` and the audit's kind lookup.
+        self.live: weakref.WeakSet[Store] = weakref.WeakSet()
+        # Told of a store whose device buffer was evicted or lost, after the fact: whatever
+        # holds the old buffer lets go of it (`_hoist.dropped`, appended by `_install.install`,
+        # the seam through which the jit side plugs into the core).
+        self.dropped: list[Callable[[Store], None]] = []
 
 
 STATE = _State()
@@ -132,13 +138,6 @@ def dtype_words(host_dtype: np.dtype[Any]) -> str:
 # placement of a constant whose device dtype x64 does not change, the setting alone
 # (`Store._by_device`). Several keys can resolve to one device buffer. `Store.array`
 # builds it, inlined there (the one place).
-
-
-# Told of a store whose device buffer was evicted or lost, after the fact: whatever holds
-# the old buffer lets go of it (`_hoist.dropped`, appended by `_install.install`).
-DROPPED: list[Callable[[Store], None]] = []
-# Every live store, for `frozenconst.stats()` and the audit's kind lookup.
-LIVE: weakref.WeakSet[Store] = weakref.WeakSet()
 
 
 class Owners:
@@ -206,7 +205,7 @@ def live_twin(store: Store) -> Store | None:
         return None
     found = [
         other
-        for other in list(LIVE)
+        for other in list(STATE.live)
         if other is not store
         and not other.partial
         and (other.shape, other.dtype, other.weak) == (store.shape, store.dtype, store.weak)
@@ -276,7 +275,7 @@ class Store:
         # `host_memory` (validated, `_host.host_memory_choice`) says where the frozen
         # `host` lives from now on; `mapped`: it was copied from a memory map; `weak`: it
         # holds a Python scalar, weakly typed as `jnp.asarray` types one.
-        # Placed before `_setup`, which makes the store live (`LIVE`).
+        # Placed before `_setup`, which makes the store live (`STATE.live`).
         placed, pinned = host_buffer(host, host_memory, lambda: _default_device(DEFAULT_DEVICE.value), mapped)
         self._setup(host.shape, host.dtype)
         self._host, self._pinned = placed, pinned
@@ -304,7 +303,7 @@ class Store:
         # host-to-device transfers made (one per device buffer filled from the host).
         self.hits = 0
         self.transfers = 0
-        LIVE.add(self)
+        STATE.live.add(self)
         # The weak reference `OWNERS` holds for each cached array of this store, and (`owned`)
         # the ids of those arrays.
         self.owner = OWNERS.reference(self)
@@ -419,7 +418,7 @@ class Store:
         trace too, as a closed-over `jax.Array` is.
 
         The one cache-hit path: every use (`jnp` calls, jit arguments, `x.on`) comes here, and
-        a hit is one dict lookup; it builds the key of `served` (see above `DROPPED`) itself,
+        a hit is one dict lookup; it builds the key of `served` (see above `Store`) itself,
         which as a call cost a measurable part of a hit (`python -m benchmarks compare`, rows
         "cache hit ...: ratio to the one-slot floor"). `FrozenConst.__jax_array__` inlines the
         hit of the default placement under no `jax.default_device` (`hot`), its one marked
@@ -480,11 +479,11 @@ class Store:
     def _lost(self) -> None:
         """A device buffer of this constant was deleted behind our back (donated to a jitted
         function, or `jnp.asarray(x).delete()`), and a new one made: programs that held the old
-        one let go of it (`DROPPED`), and from now on programs embed the constant (`volatile`)
+        one let go of it (`STATE.dropped`), and from now on programs embed the constant (`volatile`)
         rather than hold a buffer the next donation deletes. The user hears of it at each line that
         meets the loss. (A jitted call never donates a constant's buffer: `_hoist._undonated`.)"""
         self.volatile = True
-        for hook in DROPPED:
+        for hook in STATE.dropped:
             hook(self)
         made = f" (made in `{self.origin}`)" if self.origin else ""
         warnings.warn(
@@ -590,7 +589,7 @@ class Store:
     def evict(self, sharding: Sharding | None = None) -> None:
         """Forget device buffers: all of them, or those with `sharding` (and, for a
         single-device sharding, the default buffer on that device). The next use transfers again,
-        and compiled programs that held a dropped buffer are compiled again (`DROPPED`)."""
+        and compiled programs that held a dropped buffer are compiled again (`STATE.dropped`)."""
         with self._lock:
             if sharding is None:
                 dropped = list(self._made.values())
@@ -608,7 +607,7 @@ class Store:
                 for key in [k for k, a in self.served.items() if id(a) not in kept]:
                     del self.served[key]
             self.hot = self.served.get(None)
-        for hook in DROPPED:
+        for hook in STATE.dropped:
             hook(self)
 
     def meet_losses(self) -> bool:

@@ -55,8 +55,15 @@ _ALWAYS_SUPPORTED: frozenset[np.dtype[Any]] = SUPPORTED_DTYPES & frozenset(
 )
 
 
-_PROBED: dict[np.dtype[Any], bool] = {}
-_PROBE_LOCK = threading.Lock()
+class _Probes:
+    """What each probed dtype answered, probed once per process under the lock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.found: dict[np.dtype[Any], bool] = {}
+
+
+_PROBES = _Probes()
 
 
 @contextlib.contextmanager
@@ -129,12 +136,12 @@ def supported(dtype: np.dtype[Any]) -> bool:
         return True
     if dtype not in SUPPORTED_DTYPES:
         return False
-    found = _PROBED.get(dtype)
+    found = _PROBES.found.get(dtype)
     if found is None:
-        with _PROBE_LOCK:
-            found = _PROBED.get(dtype)
+        with _PROBES.lock:
+            found = _PROBES.found.get(dtype)
             if found is None:
-                found = _PROBED[dtype] = _probe(dtype)
+                found = _PROBES.found[dtype] = _probe(dtype)
     return found
 
 

@@ -24,6 +24,7 @@ import contextlib
 import math
 import mmap
 import os
+import threading
 from collections.abc import Callable
 from typing import Any, Literal, TypeAlias
 
@@ -283,11 +284,22 @@ def host_memory_choice(value: object) -> HostMemory:
     )
 
 
-# Dtypes whose page-locked buffer NumPy cannot read in place: JAX packs the
-# sub-byte types (int4, uint4, int2, float4_e2m1fn) and `np.asarray` unpacks them
-# into a copy (measured on the CPU backend, jax 0.9.2 to 0.12.0.1). Learned on
-# first sight, so each is pinned (and given up) once per process at most.
-_NOT_IN_PLACE: set[np.dtype[Any]] = set()
+class _Pinning:
+    """The dtypes whose page-locked buffer NumPy cannot read in place: JAX packs the sub-byte
+    types (int4, uint4, int2, float4_e2m1fn) and `np.asarray` unpacks them into a copy (the
+    CPU backend, jax 0.9 to 0.12). Learned on first sight, so each is pinned (and given up)
+    once per process at most."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.not_in_place: set[np.dtype[Any]] = set()
+
+    def learn(self, dtype: np.dtype[Any]) -> None:
+        with self.lock:
+            self.not_in_place.add(dtype)
+
+
+_PINNING = _Pinning()
 
 
 def host_buffer(
@@ -311,7 +323,7 @@ def host_buffer(
         why = f"{found.platform} devices offer no page-locked (`pinned_host`) memory on jax {jax.__version__}"
     elif held_dtype(host.dtype) != host.dtype:
         why = f"JAX holds no {host.dtype} array while `jax_enable_x64` is off"
-    elif host.dtype in _NOT_IN_PLACE:
+    elif host.dtype in _PINNING.not_in_place:
         why = packed.format(host.dtype)
     else:
         try:
@@ -344,7 +356,7 @@ def pin(host: np.ndarray[Any, Any], device: Device) -> tuple[np.ndarray[Any, Any
     view: np.ndarray[Any, Any] = np.asarray(pinned)
     in_place = host.size == 0 or _address(view) == pinned.unsafe_buffer_pointer()
     if not in_place or view.flags.writeable or (view.dtype, view.shape) != (host.dtype, host.shape):
-        _NOT_IN_PLACE.add(host.dtype)
+        _PINNING.learn(host.dtype)
         return None
     return view, pinned
 

@@ -18,7 +18,7 @@ library's state when imported. What it installs:
     to the observers registered here (each open `no_numpy_constants` guard; on a JAX whose
     hoisting frozenconst cannot reach, the warning of what is embedded);
 - the seam between the core and the jit side: a dropped or lost device buffer is told to
-  `_hoist.dropped` (`_cache.DROPPED`), which recompiles the programs that held it;
+  `_hoist.dropped` (`_cache.STATE.dropped`), which recompiles the programs that held it;
 - `flax.serialization` and `st.from_type` learn FrozenConst, where flax or hypothesis is
   imported already (the other order: `register_flax()`, hypothesis's entry point).
 
@@ -36,7 +36,7 @@ from typing import Any
 import jax
 
 from . import _compat, _hoist
-from ._cache import DROPPED
+from ._cache import STATE
 from ._filter_jit import Static
 from ._flax import register_if_imported as register_flax_if_imported
 from ._frozen import FrozenConst
@@ -93,7 +93,7 @@ def install() -> None:
         elif _observe():
             # No hoisting to reach on this JAX: what programs embed is said instead.
             _installed.observers = (*_installed.observers, _hoist.observe_unhoisted)
-        DROPPED.append(_hoist.dropped)
+        STATE.dropped.append(_hoist.dropped)
     register_flax_if_imported()
     register_strategy_if_imported()
 

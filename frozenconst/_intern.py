@@ -12,10 +12,18 @@ from ._dtypes import native
 from ._frozen import FrozenConst, adopt_host, content_key, with_live_twin
 from ._host import frozen_copy
 
-# Keyed by fingerprint and weak type: `intern(0.5)` (weakly typed, as `jnp.asarray(0.5)`)
-# and `intern(np.float32(0.5))` hold the same bytes and promote differently.
-_TABLE: weakref.WeakValueDictionary[tuple[str, bool], FrozenConst] = weakref.WeakValueDictionary()
-_LOCK = threading.Lock()
+
+class _Interned:
+    """The interned constants, held weakly, changed under the lock. Keyed by fingerprint and
+    weak type: `intern(0.5)` (weakly typed, as `jnp.asarray(0.5)`) and
+    `intern(np.float32(0.5))` hold the same bytes and promote differently."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.table: weakref.WeakValueDictionary[tuple[str, bool], FrozenConst] = weakref.WeakValueDictionary()
+
+
+INTERNED = _Interned()
 
 
 def intern(obj: ArrayLike | FrozenConst, dtype: DTypeLike | None = None) -> FrozenConst:
@@ -55,9 +63,9 @@ def intern(obj: ArrayLike | FrozenConst, dtype: DTypeLike | None = None) -> Froz
     else:
         obj = FrozenConst(obj, dtype)  # validated, copied once; weakly typed for a Python scalar
     key = content_key(obj)  # of the frozen copy: the constant's own bytes, hashed once
-    with _LOCK:
+    with INTERNED.lock:
         # Another thread may have interned the same content meanwhile: keep one.
-        found = _TABLE.get(key)
+        found = INTERNED.table.get(key)
         if found is None:
-            _TABLE[key] = found = with_live_twin(obj)
+            INTERNED.table[key] = found = with_live_twin(obj)
         return found

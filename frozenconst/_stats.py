@@ -9,7 +9,7 @@ from typing import Any, TypeAlias
 
 import jax
 
-from ._cache import LIVE, STATE, Store
+from ._cache import STATE, Store
 from ._compat import Device
 
 
@@ -164,7 +164,7 @@ def stats() -> Stats:
         >>> after.transfers - before.transfers, after.live_constants - before.live_constants
         (1, 1)
     """
-    stores = list(LIVE)
+    stores = list(STATE.live)
     buffers: dict[_Buffer, int] = {}
     aliased = 0
     for store in stores:

@@ -174,7 +174,7 @@ def run(num_processes, path):
     assert not any(op in hlo for op in ("all-gather", "all-to-all", "collective-permute", "all-reduce")), hlo
     assert frozenconst.stats().transfers - transfers == local  # `whole`'s own first transfer only
 
-    # -- a constant the function also returns (#19 §3): a parameter, as any use, never closed over
+    # -- a constant the function also returns: a parameter, as any use, never closed over
     returned_tree, total = frozenconst.jit(lambda w: ({"t": x}, jnp.sum(x @ w, axis=0)))(w)
     np.testing.assert_array_equal(gather(total), want[1], strict=True)
     assert type(returned_tree["t"]) is FrozenConst
@@ -320,7 +320,7 @@ def edges(path):
         assert "holds [:, :]" in repr(z), repr(z)
 
     # -- host_memory="pinned": the slices of a partial constant stay pageable, said once
-    frozenconst._compat.warn_degraded.cache_clear()
+    frozenconst._compat.warn_degraded.cache_clear()  # said once a process: forget earlier ones
     with pytest.warns(frozenconst.FrozenConstWarning, match="spans several processes") as record:
         pinned = (
             FrozenConst(np.load(small, mmap_mode="r"), sharding=rows, host_memory="pinned"),

@@ -1,5 +1,5 @@
 """frozenconst.jit composed with JAX's transformations, compared with the same composition built
-with `jax.jit` (#19 §1 and §2).
+with `jax.jit`.
 
 Imported by test_composition.py on this process's devices, and run by it in a pytest subprocess
 of its own with two CPU devices (`FROZENCONST_CPU_DEVICES=2`), under each constant pipeline:
@@ -90,7 +90,7 @@ def build(stack, jit_for_frozenconst):
 @given(st.booleans(), st.lists(st.sampled_from(LAYERS), min_size=1, max_size=4))
 def test_a_stack_of_transformations_computes_what_the_jax_jit_stack_computes(at_the_bottom, layers):
     # frozenconst.jit on top, and often at the bottom too: a wrapper of a frozenconst.jit function,
-    # wrapped again, is the form that went wrong.
+    # wrapped again, must run the wrapper.
     stack = (["frozenconst.jit"] if at_the_bottom else []) + layers + ["frozenconst.jit"]
     ours, shape = build(stack, frozenconst.jit)
     theirs, _ = build(stack, jax.jit)
@@ -99,8 +99,7 @@ def test_a_stack_of_transformations_computes_what_the_jax_jit_stack_computes(at_
     assert jnp.shape(got) == jnp.shape(want), stack
     # Where the constant is a parameter rather than embedded, XLA folds and fuses the program
     # differently, so float32 rounding differs by a few ulps of the terms summed: an element
-    # that cancels to near zero keeps an error of the array's scale, not its own (seen on
-    # jax 0.6.2: 3.8e-6 on -0.0753 in ['grad', 'vmap', 'grad', 'vmap'], values up to 35).
+    # that cancels to near zero keeps an error of the array's scale, not its own.
     want = np.asarray(want)
     scale = max(1.0, float(np.abs(want).max()))
     np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=1e-6 * scale, err_msg=str(stack))
@@ -109,8 +108,8 @@ def test_a_stack_of_transformations_computes_what_the_jax_jit_stack_computes(at_
 def test_a_function_traced_after_one_that_met_its_constant_late_computes_with_the_constant():
     # `frozenconst.jit(partial(jax.jit(_base)))` meets CONST only by tracing (a partial hides the
     # code): its first trace stands zeros in for it inside the inner `jax.jit`, and is redone.
-    # The next function's trace reused that trace's context value, got JAX's cached inner trace,
-    # zeros and all, and returned zeros (found by the property test above, on two devices).
+    # The next function's trace must not reuse that trace's context value: it would get JAX's
+    # cached inner trace, zeros and all, and return zeros.
     for stack in (["jit", "partial", "frozenconst.jit"], ["jit", "frozenconst.jit"]):
         ours, _ = build(stack, frozenconst.jit)
         theirs, _ = build(stack, jax.jit)
@@ -121,7 +120,7 @@ def test_a_function_traced_after_one_that_met_its_constant_late_computes_with_th
 
 
 def test_wrapping_a_wrapper_of_a_frozenconst_jit_function_runs_the_wrapper():
-    # The two forms of #19 §1: the transformation around the inner function was skipped.
+    # Both forms must run the transformation around the inner function, not skip it.
     loss = frozenconst.jit(lambda w: jnp.sum(w**2))
     np.testing.assert_array_equal(frozenconst.jit(jax.grad(loss))(jnp.arange(4.0)), [0.0, 2.0, 4.0, 6.0])
     row_sums = frozenconst.jit(jax.vmap(frozenconst.jit(lambda r: jnp.sum(r))))(jnp.ones((8, 4)))

@@ -1,4 +1,4 @@
-"""Memory and traces of a training loop that donates a state holding a constant (issue #37, 4).
+"""Memory and traces of a training loop that donates a state holding a constant.
 
     python donation_loop_worker.py STEPS DEVICES LOOP [LOOP ...]
 

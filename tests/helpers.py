@@ -128,7 +128,9 @@ def run_bounded(cmd, timeout=TIMEOUT_S, **kwargs):
 # `jax.enable_x64` is public from jax 0.8; older JAX has it as `jax.experimental.enable_x64`.
 enable_x64 = jax.enable_x64 if hasattr(jax, "enable_x64") else jax.experimental.enable_x64
 
-SIMPLIFIED = os.environ.get("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS", "") not in ("", "0", "false", "False")
+# The constant pipeline this process runs, as JAX read it at import (from
+# `JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS`): JAX's own answer, not the variable's spelling.
+SIMPLIFIED = bool(getattr(jax.config, "jax_use_simplified_jaxpr_constants", False))
 
 
 @functools.cache
@@ -198,8 +200,7 @@ def on_device(data):
 
     The operand of a reference result: computed by JAX where the code under test
     computes, never by NumPy. An accelerator's float32 matmul rounds differently
-    from NumPy's (about 3e-5 relative on the H200, issue #20), the same
-    computation on the same device does not.
+    from NumPy's; the same computation on the same device does not.
     """
     return jax.numpy.asarray(np.asarray(data))
 
@@ -213,9 +214,8 @@ def assert_float32_close(actual, expected, magnitude, rtol=1e-5) -> None:
 
     XLA and NumPy sum in different orders. Where terms cancel, an entry can be
     far smaller than its terms, and a tolerance relative to the entry alone
-    fails on rounding (it did in CI: 1.3e-5 relative on an entry of 0.022,
-    the sum of eight products of about 1). A wrong constant, a stale buffer or
-    a leaked tracer is off by the size of the terms, and still fails.
+    fails on rounding. A wrong constant, a stale buffer or a leaked tracer is
+    off by the size of the terms, and still fails.
     """
     atol = rtol * float(np.max(np.abs(magnitude)))
     np.testing.assert_allclose(np.asarray(actual), expected, rtol=rtol, atol=atol)

@@ -66,10 +66,9 @@ def heap() -> int:
     the chunks in use in every arena (`uordblks`) and the blocks mapped on their own (`hblkhd`),
     which hold XLA's and MLIR's allocations and, under `PYTHONMALLOC=malloc`, Python's objects.
 
-    RSS, the measure before it, moves by pages (4 KiB) and with malloc's fragmentation: it took
-    1,200 functions a form to resolve 256 bytes per function. This resolves tens of bytes per
-    function over 100 (jax 0.10.2: `jax.jit` 50-600 bytes per function from run to run, against
-    20-50 KiB for the leaks these forms pin).
+    RSS moves by pages (4 KiB) and with malloc's fragmentation, too coarse over a hundred
+    functions; this count resolves tens of bytes per function, far below the leaks these forms
+    pin.
     """
     try:
         mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2

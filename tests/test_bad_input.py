@@ -1,4 +1,4 @@
-"""Bad input is refused, or held exactly: the rule of issue #11, part 3.
+"""Bad input is refused, or held exactly.
 
 `FrozenConst(obj, dtype=...)` either raises a FrozenConst error (or OverflowError)
 whose message names what it received, or holds on the host and on every device
@@ -20,6 +20,9 @@ from hypothesis import strategies as st
 
 import frozenconst
 from frozenconst import FrozenConst, FrozenConstTypeError, FrozenConstValueError
+
+# The narrowing rule is also checked alone, beside the constructor that applies it; the
+# candidates are the package's list of every dtype jax.numpy names, held or not by this JAX.
 from frozenconst._convert import check_narrowing
 from frozenconst._dtypes import SUPPORTED_DTYPES, supported
 
@@ -171,7 +174,7 @@ def test_numpy_arrays_of_every_dtype_and_byte_order(obj, dtype, x64):
     check_rule(obj, dtype, x64)
 
 
-# -- the cases of the issue, each pinned -------------------------------------------
+# -- named cases, each pinned ----------------------------------------------------------
 
 
 def test_python_int_beyond_int32_without_x64_is_refused_as_jnp_refuses_it():

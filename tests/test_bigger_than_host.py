@@ -10,6 +10,9 @@ import pytest
 from helpers import free_port, run_bounded, run_processes, subprocess_env
 
 from frozenconst import FrozenConst, FrozenConstTypeError, FrozenConstValueError
+
+# Which sources are read slice by slice shows in memory only across processes: in one process
+# the decision itself is checked.
 from frozenconst._partial import lazily_sliceable
 
 HERE = pathlib.Path(__file__).resolve().parent

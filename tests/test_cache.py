@@ -12,6 +12,9 @@ from helpers import enable_x64, live_copies, requires_cpu, unique_data
 
 import frozenconst
 from frozenconst import FrozenConst, FrozenConstWarning
+
+# The dtypes are the package's list of what jax.numpy names; `follows_x64` is the table a cache
+# hit reads instead of x64, checked against JAX.
 from frozenconst._dtypes import SUPPORTED_DTYPES, follows_x64, supported
 
 
@@ -244,9 +247,9 @@ def test_evicting_the_default_devices_placement_drops_the_default_buffer_too():
 
 
 def test_buffers_made_again_and_again_keep_no_entry_for_the_old_ones():
-    # The table from a device buffer to its constant kept an entry for every buffer a constant
-    # ever had, while the constant lived: one per eviction or deletion (about 0.7 KiB a donated
-    # step, issue #37). Observed as the weak references to the constant's store.
+    # The table from a device buffer to its constant holds no entry for a buffer the constant
+    # no longer has: none per eviction or deletion, so a loop that donates the constant each
+    # step grows nothing. Observed as the weak references to the constant's store.
     x = FrozenConst(unique_data((4, 4)))
     device = jax.devices()[0]
     counts = []

@@ -254,8 +254,8 @@ def test_restore_keeps_constants_and_takes_every_restored_leaf(shape, drop_other
 
 
 def test_a_restore_that_copies_a_constant_names_each_users_line(tmp_path):
-    # Issue #47 row 10: orbax restores through `asyncio`; the copy warning named
-    # `asyncio/events.py` once, and the second line was never told.
+    # orbax restores through `asyncio`: the copy warning must name each user's line, never
+    # `asyncio/events.py`, so that a second line is told too.
     import warnings
 
     tree = {"w": jnp.ones(4), "t": FrozenConst(unique_data((8,)))}

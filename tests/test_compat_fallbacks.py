@@ -4,8 +4,8 @@ fallback that costs something says so once with a FrozenConstWarning.
 Where the installed JAX has the public hook, the fallback is forced by
 replacing what `_compat` found at import; the last test removes the public
 hooks from JAX before frozenconst is imported, in a fresh process, so the
-detection itself is exercised. At the JAX floor (0.6.2) several of these
-fallbacks are simply what runs (`make test` runs the suite there too).
+detection itself is exercised. On the older JAX releases `make test` runs,
+several of these fallbacks are simply what runs.
 """
 
 import json
@@ -32,6 +32,9 @@ from helpers import (
 )
 
 import frozenconst
+
+# A fallback runs only where `_compat` found no hook: replacing what it found is the only way
+# to reach one on a JAX that has them all.
 from frozenconst import FrozenConst, FrozenConstWarning, _cache, _compat, _host, _targets
 from frozenconst._refusals import JAX_LAX_REFUSES
 

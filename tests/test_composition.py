@@ -1,4 +1,4 @@
-"""frozenconst.jit composes like `jax.jit` (#19): under transformations, on one device or two,
+"""frozenconst.jit composes like `jax.jit`: under transformations, on one device or two,
 returning constants, exported and copied."""
 
 import copy
@@ -43,7 +43,7 @@ def test_the_composition_cases_on_two_devices(pipeline):
     assert " passed" in out and "failed" not in out and "skipped" not in out
 
 
-# -- a constant the function returns (#19 §3) ----------------------------------------------------
+# -- a constant the function returns ------------------------------------------------------------
 
 
 def _returning(big):
@@ -86,7 +86,7 @@ def test_a_returned_constant_inside_nested_containers_and_beside_a_derived_one()
     assert len(frozenconst.jit(fun, embed_max_bytes=0).lower(w).as_text()) < big.nbytes
 
 
-# -- what else jax.jit offers (#19 §4) -----------------------------------------------------------
+# -- what else jax.jit offers -------------------------------------------------------------------
 
 
 _EXPORTED_RUNNER = """

@@ -1,4 +1,4 @@
-"""The derived-copy warning: said once per user line, and costing a loop nothing (issue #47)."""
+"""The derived-copy warning: said once per user line, and costing a loop nothing."""
 
 import gc
 import sys
@@ -55,9 +55,9 @@ def _two_filter_jit_steps():
 
 @pytest.mark.parametrize("loop", [_tree_map_from_two_helpers, _two_filter_jit_steps], ids=["tree.map", "eqx"])
 def test_a_loop_rebuilding_a_copy_from_two_lines_keeps_the_heap_flat_as_a_jax_array(loop):
-    # Row 4: a tree holding a copy of a constant (here `jax.tree.map`'s output over it), rebuilt
-    # from two lines in turn. Before, each rebuild walked the stack and kept two more references
-    # (39 B/step with tree.map, 79 B/step with equinox, against 1 and 3 for a jax.Array).
+    # A tree holding a copy of a constant (here `jax.tree.map`'s output over it), rebuilt from
+    # two lines in turn: a rebuild that walks the stack must keep no references, so the loop's
+    # heap grows as with a jax.Array in the copy's place.
     data = np.linspace(0.0, 1.0, 64, dtype=np.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FrozenConstWarning)
@@ -99,8 +99,8 @@ def _nnx_model():
 
 
 def test_a_copy_refused_under_the_error_filter_leaves_an_nnx_model_whole():
-    # Row 1: the warning is raised from inside flax's graph rebuild, which empties the module
-    # first; raised there, the module stayed empty and every later call failed.
+    # The warning is raised from inside flax's graph rebuild, which empties the module first:
+    # raised there, it must leave the module whole, so that later calls still run.
     model, step = _nnx_model()
     reference, reference_step = _nnx_model()
     with warnings.catch_warnings():
@@ -111,7 +111,7 @@ def test_a_copy_refused_under_the_error_filter_leaves_an_nnx_model_whole():
         warnings.simplefilter("error", FrozenConstWarning)
         for _ in range(3):
             with pytest.raises(FrozenConstWarning, match="put a copy of FrozenConst"):
-                step(model, 1.0)  # raised every time it would be said (row 3), at this line
+                step(model, 1.0)  # raised every time it would be said, at this line
             assert {"w", "t"} <= set(vars(model))
     np.testing.assert_array_equal(np.asarray(model.w[...]), np.asarray(reference.w[...]))
     np.testing.assert_array_equal(np.asarray(model.t), np.arange(4.0))
@@ -119,7 +119,7 @@ def test_a_copy_refused_under_the_error_filter_leaves_an_nnx_model_whole():
 
 
 def test_under_the_error_filter_a_copy_raises_every_time_at_the_users_line():
-    # Row 3: said (raised) each time; told is recorded only once the warning was shown.
+    # Said (raised) each time; told is recorded only once the warning was shown.
     tree = {"t": FrozenConst(np.ones(8, np.float32))}
     raised = []
     with warnings.catch_warnings():
@@ -152,8 +152,8 @@ def test_where_a_tracer_is_set_the_error_is_raised_at_once():
 
 @pytest.mark.parametrize("where", ["eager", "jax.jit", "frozenconst.jit"])
 def test_jax_debug_print_shows_a_constants_values_as_a_jax_arrays(where, capsys):
-    # Row 9: the printed arguments are rebuilt from the values the program printed; those
-    # are the values to show, not copies of the constant to warn of.
+    # The printed arguments are rebuilt from the values the program printed; those are the
+    # values to show, not copies of the constant to warn of.
     import frozenconst
 
     data = np.arange(3.0, dtype=np.float32)

@@ -1,4 +1,4 @@
-"""The suite runs on any device: every read of a CPU-only fact is guarded (issue #28 §2).
+"""The suite runs on any device: every read of a CPU-only fact is guarded.
 
 On an accelerator (`tools/gpu-run`) each test checks its promise there and skips, with
 the reason, only what holds on JAX's CPU backend alone (`helpers.CPU_ONLY`). This

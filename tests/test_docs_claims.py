@@ -1,4 +1,4 @@
-"""The figures the docs quote from a benchmark run are that run's (issue #27 §3).
+"""The figures the docs quote from a benchmark run are that run's.
 
 Each test reads a sentence of the README or docs/ and the JSON the benchmark
 wrote beside its table in docs/results/, and checks one against the other, so
@@ -135,8 +135,8 @@ def test_the_whisper_figures_are_the_static_slices_runs():
 
 
 def test_the_alternatives_are_the_sweeps_figures():
-    # The measured alternatives are docs/performance.md's (moved from the README, which cites
-    # one figure: the 40-layer program's size, checked below).
+    # The measured alternatives are docs/performance.md's (the README cites one figure: the
+    # 40-layer program's size, checked below).
     rows = _results("benchmark-results.json")["rows"]
     at = {(r["pipeline"], r["variant"]): r for r in rows if (r["layers"], r["mib"]) == (40, 4.0)}
     base = {p: at[(p, "argument")]["hlo_bytes"] for p in ("default", "simplified")}
@@ -182,7 +182,7 @@ def test_no_benchmark_duration_is_quoted_that_no_run_measured():
         assert "about half an hour" not in text, name
 
 
-# Every results file names where and when it was measured (issue #27 §3): the stamp of
+# Every results file names where and when it was measured: the stamp of
 # `benchmarks._harness.environment()`, the date, the processor, the frozenconst commit and the
 # versions; a table in its Markdown, a dict under "environment" in its JSON.
 _STAMP = ("date", "cpu", "frozenconst", "python", "jax", "jaxlib", "numpy", "backend")
@@ -302,5 +302,5 @@ def test_the_export_figures_are_the_latest_runs():
     )
     assert f"loading took {load['seconds']:.2f} s and {load['peak_growth'] / load['nbytes']:.2f}x" in text
     assert f"the first call {load['first_call_seconds']:.2f} s" in text
-    # The size claim the issue makes: the program independent of the constants' size.
+    # The size claim: the program independent of the constants' size.
     assert max(ours) < 16384 and all(t > (m << 20) for t, m in zip(theirs, (1, 64), strict=True))

@@ -1,4 +1,4 @@
-"""A FrozenConst dropped into code under the jit users already use (issue #35).
+"""A FrozenConst dropped into code under the jit users already use.
 
 JAX is the oracle throughout: the size of every program JAX lowers (the data of an
 embedded constant is in its text), `jax.live_arrays()`, and the warnings recorded.
@@ -21,16 +21,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import live_copies, raw_numpy_lowers, run_bounded, subprocess_env
+from helpers import SIMPLIFIED, live_copies, raw_numpy_lowers, run_bounded, subprocess_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import frozenconst
 from frozenconst import FrozenConst, FrozenConstWarning
-from frozenconst._compat import LOWERING_HOOK, SIMPLIFIED_CONSTANTS
+
+# Program sizes are read off JAX's lowering function, a JAX-private name that `_compat` alone
+# finds; the refusal table is the package's own list of the JAX releases whose jax.lax refuses.
+from frozenconst._compat import LOWERING_HOOK
 from frozenconst._refusals import JAX_LAX_REFUSES
 
-PIPELINE = "simplified" if SIMPLIFIED_CONSTANTS else "default"
+PIPELINE = "simplified" if SIMPLIFIED else "default"
 THRESHOLD = 1024  # `embed_max_bytes`'s default
 
 
@@ -359,7 +362,7 @@ def test_a_static_read_is_no_bigger_than_numpys(read, seed):
 
 
 def test_static_reads_from_a_large_table_hold_no_data_and_no_more_device_memory_than_a_jax_arrays():
-    # Issue #35's case: 16 MiB, read at 8 positions; `T[3] * v`; `T[::2, 1]`; `T[:192]` 8 times.
+    # A 16 MiB table read at 8 positions; `T[3] * v`; `T[::2, 1]`; `T[:192]` 8 times.
     data = np.random.default_rng(0).standard_normal((4096, 1024)).astype(np.float32)
     t = FrozenConst(data)
     array = jnp.asarray(data)
@@ -414,9 +417,9 @@ def _frozen_params(n):
 def test_a_copy_made_from_a_shallower_stack_than_before_is_told_not_a_crash():
     # The dedup reads the frame where a library's call site was reached from last, that many
     # frames up: module-level code (the shallowest stack there is) calling JAX's tree function
-    # itself, after a function reached the same call site through `jax.tree.map`, once made
-    # that read raise "call stack is not deep enough" out of JAX's tree function (found in a
-    # fine-tuning example's first step). Module level needs a script of its own.
+    # itself, after a function reached the same call site through `jax.tree.map`, must not make
+    # that read raise "call stack is not deep enough" out of JAX's tree function. Module level
+    # needs a script of its own.
     import textwrap
 
     code = """
@@ -555,8 +558,8 @@ _COPY_ANSWERS = {
 
 def test_a_copy_answers_every_public_attribute_as_its_array_does():
     # A copy a jitted step hands back holds the step's output array itself, and makes its
-    # record (its frozen host copy, its number for frozenconst.jit) only where asked (issue
-    # #35): every public attribute of FrozenConst, on such a copy, answers as the same
+    # record (its frozen host copy, its number for frozenconst.jit) only where asked: every
+    # public attribute of FrozenConst, on such a copy, answers as the same
     # attribute of that `jax.Array` does; where the array has none, as a value derived from
     # a constant answers, and the fingerprint as that of a constant of the same data.
     c = table((3, 4))

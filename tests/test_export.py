@@ -1,4 +1,4 @@
-"""Programs exported without their constants, the constants stored once, by content (issue #49).
+"""Programs exported without their constants, the constants stored once, by content.
 
 Round trips run in fresh processes: one exports and saves (it has the function's code), another
 loads (it has only frozenconst and NumPy) and compares with what the first computed, bitwise.
@@ -152,6 +152,7 @@ def test_a_damaged_constant_is_an_error_never_a_wrong_result(saved, damage):
 
 def test_a_newer_format_not_a_program_and_no_program(saved, tmp_path):
     path, _ = saved
+    # A manifest of the next format: one above the package's own format number.
     _edit_manifest(path, format=frozenconst._export.FORMAT + 1)
     with pytest.raises(frozenconst.FrozenConstValueError, match="upgrade frozenconst"):
         frozenconst.load(path)
@@ -349,7 +350,8 @@ def test_on_two_processes_each_loads_only_its_slices(tmp_path):
 
 def test_where_the_lowering_cannot_be_rewired_export_refuses(monkeypatch):
     # `_compat.rewire_hoisted`'s fallback (a JAX whose lowered module frozenconst cannot rewire):
-    # a clear error, never a program that embeds the constants silently.
+    # a clear error, never a program that embeds the constants silently. No installed JAX takes
+    # that path, so the rewiring is replaced.
     monkeypatch.setattr(frozenconst._hoist, "rewire_hoisted", lambda lowering, inputs: False)
     table = FrozenConst(_table((64, 64), 6))
     with pytest.raises(frozenconst.FrozenConstRuntimeError, match="cannot keep FrozenConsts out"):

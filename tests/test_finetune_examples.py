@@ -1,7 +1,7 @@
 """The five fine-tuning examples of `examples/finetune/`, as written and with the one freezing line.
 
 Each example runs twice in this process, as its project wrote it and with the one
-line that makes its pretrained part FrozenConsts (issue #36), a few steps each,
+line that makes its pretrained part FrozenConsts, a few steps each,
 and the two runs are compared: the frozen values bitwise, the trained weights and
 the losses, the device buffers holding the frozen part's data (`jax.live_arrays()`),
 the program's size where the step is a `jax.jit` (`.lower(...).as_text()`), the
@@ -62,7 +62,7 @@ OPTAX = ("optax-freeze", "optax-selective", "optax-masked", "optax-partition")
 # `eqx.filter_jit` returning the model, optax's examples over a params dict. JAX returns
 # each output in a new buffer, as it does for a plain array, so after a step the state
 # holds derived copies of the constants: with the frozen part's device bytes the
-# original's (`test_memory_...`), the framework's own floor (issue #36, docs: Training).
+# original's (`test_memory_...`), the framework's own floor (docs: Training).
 RETURNS_EVERY_PARAMETER = ("linen", "eqx", *OPTAX)
 # Which test of which case waits for which fix. A case and test not listed must pass.
 XFAIL: dict[tuple[str, str], str] = {}
@@ -216,7 +216,7 @@ def test_original_runs_as_written(case):
 def test_trains_as_the_original_with_the_one_line(case):
     """With the one line: the frozen values bitwise those of the original, the trained weights and
     the losses the original's. Exactly: each step's program computes the trained part as the
-    original's does (measured: bitwise on every case and JAX release the suite runs)."""
+    original's does, bitwise on every case and JAX release the suite runs."""
     original, frozen = _run(case, freeze=False), _run(case, freeze=True)
     _close(frozen.frozen_after, original.frozen_before, exact=True)
     _close(frozen.trainable, original.trainable, exact=True)

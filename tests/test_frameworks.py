@@ -1,6 +1,6 @@
 """Each framework's training step as its own tutorial writes it, with a FrozenConst in the model
 and no frozenconst filter added: it keeps the constant, or says so at the first step, before any
-value changes (issue #25; the table in docs/training.md, "What each idiom does").
+value changes (the table in docs/training.md, "What each idiom does").
 
 Observed through JAX: `jax.live_arrays()` (device copies), bits of the data, the lowered
 program's size, object identity; never only frozenconst's own counters.
@@ -16,13 +16,12 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from helpers import live_copies, unique_data
+from helpers import SIMPLIFIED, live_copies, unique_data
 from hypothesis import given
 from hypothesis import strategies as st
 
 import frozenconst
 from frozenconst import FrozenConst, FrozenConstWarning
-from frozenconst._compat import SIMPLIFIED_CONSTANTS
 
 DERIVED = "not the constant's own buffer"
 
@@ -267,7 +266,7 @@ def test_an_equinox_module_with_activations_compiles_with_filter_jit_and_keeps_c
     as_argument = frozenconst.filter_jit(lambda m, x: m(x))
     closed_over = frozenconst.filter_jit(lambda x: model(x))
     np.testing.assert_allclose(as_argument(model, x), eqx.filter_jit(lambda m, x: m(x))(model, x), rtol=1e-6)
-    if SIMPLIFIED_CONSTANTS:
+    if SIMPLIFIED:
         # JAX passes what a function closes over to the executable: nothing is embedded.
         np.testing.assert_allclose(closed_over(x), model(x), rtol=1e-6)
         assert _program_bytes(closed_over.lower(x)) < data.nbytes
@@ -309,9 +308,9 @@ def test_filter_jit_returns_a_constant_it_received_as_itself_and_others_as_jax_d
 
 
 def test_filter_jit_traces_once_for_a_static_leaf_unequal_to_itself():
-    # Issue #37: a NaN among the static leaves (`{"pad": float("nan")}`) compiled anew at every
-    # call (5 traces in 5 calls, 53-70 ms each): static halves were compared with `==` alone.
-    # jax.jit with the same object static, and eqx.filter_jit, trace once.
+    # A NaN among the static leaves (`{"pad": float("nan")}`) must not compile anew at every call,
+    # as static halves compared with `==` alone would: jax.jit with the same object static, and
+    # eqx.filter_jit, trace once.
     table = FrozenConst(unique_data((16, 16)))
     model = {"t": table, "scale": 2.0, "pad": float("nan")}
     traces = {"ours": 0, "equinox": 0, "jax.jit": 0}

@@ -18,6 +18,9 @@ import pytest
 from helpers import SIMPLIFIED, subprocess_env, unique_data
 
 import frozenconst
+
+# Whether a guard still observes JAX's lowering shows only in the installer's registry, and a
+# JAX without the lowering function only by replacing the hook `_compat` found.
 from frozenconst import FrozenConst, _compat, _guard, _install
 
 PACKAGE = pathlib.Path(frozenconst.__file__).resolve().parent
@@ -278,8 +281,7 @@ def test_fails_itself(no_numpy_constants):
 @pytest.mark.usefixtures("needs_raw_numpy_lowering")
 def test_the_fixtures_report_is_the_tests_own_line_and_the_message(tmp_path):
     # The report a user reads: the test's line that compiled the program, and the guard's
-    # message, without frozenconst's source (101 lines of it before, the guard's docstring
-    # included, and never the test's line).
+    # message, without frozenconst's source (nor the guard's docstring).
     (tmp_path / "test_sample.py").write_text(_FAILING_SAMPLE)
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_sample.py"],

@@ -284,7 +284,7 @@ def test_every_public_name_imports_and_is_documented():
 @pytest.mark.parametrize("mode", ["r", "c", "r+"])
 @pytest.mark.parametrize("shape", [(1000, 7), (3, 5000), (8193,)])
 def test_a_memory_mapped_source_is_copied_exactly_block_by_block(tmp_path, monkeypatch, mode, shape):
-    from frozenconst import _host
+    from frozenconst import _host  # the block size, which nothing public sets
 
     monkeypatch.setattr(_host, "_RELEASE_BLOCK_BYTES", 5000)  # many blocks, edges inside pages
     data = np.random.default_rng(0).standard_normal(shape).astype(np.float32)

@@ -31,6 +31,9 @@ from helpers import (
 from jax.sharding import SingleDeviceSharding
 
 import frozenconst
+
+# Nothing public shows whether `auto` asked a device or started a backend, nor makes page-locking
+# fail or a once-a-process warning repeat: those are read or replaced inside.
 from frozenconst import FrozenConst, FrozenConstTypeError, FrozenConstValueError, _host
 
 needs_pinned = pytest.mark.skipif(
@@ -242,7 +245,7 @@ def test_eviction_donation_and_deletion_transfer_again_from_the_host_copy():
     del a
     assert live_copies(data) == 0 and _page_locked_buffer(x) is buffer  # eviction keeps the host copy
     np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), data)
-    # A jitted call donating the constant keeps its buffer (issue #47 row 8): nothing to refill.
+    # A jitted call donating the constant keeps its buffer: nothing to refill.
     with warnings.catch_warnings():
         warnings.simplefilter("error", frozenconst.FrozenConstWarning)
         jax.jit(lambda v: v * 2, donate_argnums=0)(x).block_until_ready()

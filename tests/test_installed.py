@@ -31,8 +31,8 @@ def test_typed_marker_and_entry_points_are_shipped():
     plugin = {e.name: e.value for e in points.select(group="pytest11")}
     hook = {e.name: e.value for e in points.select(group="hypothesis")}
     # Top-level modules, so that loading them imports nothing of frozenconst (test_plugins.py).
-    # An editable install made before the entry points moved still names the old ones:
-    # `pip install -e .` (make does it when pyproject.toml changes) rewrites them.
+    # An editable install made from an older pyproject.toml may name other modules: `pip install
+    # -e .` (make does it when pyproject.toml changes) rewrites them.
     stale = "installed entry points are not pyproject.toml's: reinstall (pip install -e .)"
     assert plugin.get("frozenconst") == "_frozenconst_pytestplugin", stale
     assert hook.get("frozenconst") == "_frozenconst_hypothesis:setup", stale

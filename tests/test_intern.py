@@ -1,4 +1,4 @@
-"""`intern` keeps weak types apart and finds constants however made (issue #47 rows 2 and 18)."""
+"""`intern` keeps weak types apart and finds constants however made."""
 
 import gc
 import pickle
@@ -11,6 +11,8 @@ from helpers import live_copies, unique_data
 from hypothesis import given, settings
 
 import frozenconst
+
+# That a dead twin leaves no store behind shows only in the table of live stores.
 from frozenconst import FrozenConst, _cache
 
 _SCALARS = st.one_of(
@@ -41,7 +43,7 @@ def test_a_weak_and_a_strong_constant_of_the_same_bytes_are_two_constants():
     assert frozenconst.intern(0.5) is weak and frozenconst.intern(np.float32(0.5)) is strong
     bf16 = jnp.ones(3, jnp.bfloat16)
     assert ((weak * bf16).dtype, (strong * bf16).dtype) == (jnp.bfloat16, jnp.float32)
-    # The seed of row 2: int8 wraps as `jnp.asarray(100) + int8` does.
+    # A weak Python int: int8 wraps as `jnp.asarray(100) + int8` does.
     int8 = jnp.array([100, 1], jnp.int8)
     np.testing.assert_array_equal(frozenconst.intern(100) + int8, jnp.asarray(100) + int8)
     assert (frozenconst.intern(100) + int8).dtype == jnp.int8
@@ -74,7 +76,9 @@ def test_a_twin_that_died_is_not_found():
     gc.collect()
     fresh = frozenconst.intern(data)
     np.testing.assert_array_equal(np.asarray(fresh), data)
-    holding = [s for s in list(_cache.LIVE) if s.shape == data.shape and s.fingerprint == fresh.fingerprint]
+    holding = [
+        s for s in list(_cache.STATE.live) if s.shape == data.shape and s.fingerprint == fresh.fingerprint
+    ]
     assert len(holding) == 1  # the new constant's store only
 
 

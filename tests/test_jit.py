@@ -21,6 +21,9 @@ from helpers import (
 
 import frozenconst
 from frozenconst import FrozenConst
+
+# Which closed-over arrays JAX's simplified pipeline makes parameters changes with JAX's
+# version: the expected parameter counts use the package's one statement of that rule.
 from frozenconst._compat import simplified_hoists
 
 GLOBAL_TABLE = FrozenConst(np.random.default_rng(7).standard_normal((256, 64)).astype(np.float32))
@@ -101,8 +104,7 @@ def test_reached_every_way_is_a_parameter():
     got = f(w, holder, {"t": c})
     expected = jax.jit(every_way, static_argnums=1)(w, holder, {"t": c})
     # XLA may fuse and reassociate float32 sums differently when a constant is a
-    # parameter rather than embedded (seen: 1.2e-5 relative on jax 0.12); a wrong
-    # or missing constant would be off by O(1).
+    # parameter rather than embedded; a wrong or missing constant would be off by O(1).
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-4, atol=1e-4)
     lowered = f.lower(w, holder, {"t": c})
     assert (
@@ -139,9 +141,9 @@ def test_nested_jax_jit_traced_before_is_hoisted_too():
 
 @pytest.mark.parametrize("embed_max_bytes", [0, 1 << 30], ids=["parameter", "captured"])
 def test_a_users_error_from_a_nested_frozenconst_jit_is_raised_as_under_jax_jit(embed_max_bytes):
-    # Issue #37: frozenconst.jit asked whether the arrays it fed were deleted (a donated buffer
-    # refuses a call with a RuntimeError or ValueError), and inside another trace they were that
-    # trace's values: the user's ValueError became a ConcretizationTypeError.
+    # Inside another trace the arrays frozenconst.jit feeds are that trace's values: asking them
+    # whether they were deleted (a donated buffer refuses a call with a RuntimeError or
+    # ValueError) would turn the user's ValueError into a ConcretizationTypeError.
     c = FrozenConst(unique_data((256, 8)))
 
     def layer(x):
@@ -455,8 +457,8 @@ finally:
 @pytest.mark.subprocess
 @pytest.mark.pipeline_independent
 def test_wrapping_and_building_constants_start_no_backend():
-    # Issue #47 row 14: a library's module-level `frozenconst.jit` (and `jax.jit` over a
-    # FrozenConst, a FrozenConst built, interned) must leave `jax.distributed.initialize` possible.
+    # A library's module-level `frozenconst.jit` (and `jax.jit` over a FrozenConst, a FrozenConst
+    # built, interned) must leave `jax.distributed.initialize` possible.
     code, out = run_bounded(
         [sys.executable, "-c", _LIBRARY_THEN_DISTRIBUTED, str(free_port())], env=subprocess_env("cpu")
     )
@@ -486,7 +488,7 @@ def _raised(call):
     ids=repr,
 )
 def test_bad_jit_options_get_jax_jits_own_errors(options):
-    # Issue #47 row 12: the numbers and messages `jax.jit` gives, at wrapping or at the call.
+    # The numbers and messages `jax.jit` gives, at wrapping or at the call.
     table = FrozenConst(np.ones(3, np.float32))
 
     def f(x):

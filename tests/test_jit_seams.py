@@ -61,7 +61,7 @@ def test_eval_shape_as_on_a_jax_jit_function():
 
 def test_an_inner_function_that_catches_every_exception_never_poisons_another_function():
     # An inner trace that catches the stop of a nested use goes on and is
-    # cached; no later frozenconst.jit trace may reuse it (red-team finding).
+    # cached; no later frozenconst.jit trace may reuse it.
     c = FrozenConst(np.full(2, 10.0, np.float32))
 
     @jax.jit

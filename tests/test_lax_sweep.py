@@ -38,6 +38,9 @@ from jax import lax
 
 import frozenconst
 from frozenconst import FrozenConst
+
+# The refusal tables are the package's own list of what JAX refuses: the sweep checks them
+# against JAX, so it reads them.
 from frozenconst._refusals import JAX_LAX_REFUSALS, JAX_LAX_REFUSES
 
 # -- example data: small, so that each compile costs little ---------------------------
@@ -862,7 +865,7 @@ def test_dtype_reads_a_frozenconst():
     ids=["dynamic_slice", "dynamic_index_in_dim", "add"],
 )
 def test_a_refusal_names_the_jax_lax_call_on_its_line(use):
-    # The decoder's rotary-table read (issue 35): takes the constant from jax 0.10; where
+    # A decoder's rotary-table read: takes the constant from jax 0.10; where
     # jax.lax refuses it, frozenconst's error names this line, the call and the fix.
     table = FrozenConst(X)
     expected = jax.jit(lambda i: use(jnp.asarray(table), i))(N1)

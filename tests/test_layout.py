@@ -29,7 +29,7 @@ LAYERS = [
 # The core: a constant's construction, host buffer, device store, pytree handling and array API.
 # It imports nothing of the jit side (`_hoist`, `_jit`, `_filter_jit`, `_export`), of the tools
 # (`_audit`, `_guard`, the command line) or of the framework glue: the jit side plugs in through
-# `_install` (the `_cache.DROPPED` seam, JAX's lowering functions).
+# `_install` (the `_cache.STATE.dropped` seam, JAX's lowering functions).
 CORE = [
     "_errors", "_fingerprint", "_compat", "_refusals", "_dtypes", "_convert", "_host", "_targets",
     "_frames", "_jaxprs", "_cache", "_partial", "_derived", "_stats", "_frozen",

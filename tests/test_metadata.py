@@ -190,7 +190,7 @@ _READ_OFF_JAX_OBJECTS = {
 
 # `getattr(<obj>, "<name>", <default>)` and `hasattr(<obj>, "<name>")`, where <obj> has no
 # top-level comma and at most two levels of parentheses (all of JAX's reads; an AST scan
-# finds the same names on 0.10.2 and 0.12.0.1, in ten times the time).
+# finds the same names, far slower).
 _OBJECT = r"(?:[^(),]|\((?:[^()]|\([^()]*\))*\))+"
 _READ = re.compile(rf"""\b(getattr|hasattr)\({_OBJECT},\s*(['"])([A-Za-z_]\w*)\2\s*([,)])""")
 

@@ -1,4 +1,4 @@
-"""`frozenconst.nnx`: a `Frozen` variable holding a FrozenConst, and `freeze` (issue #36, Wanted 2).
+"""`frozenconst.nnx`: a `Frozen` variable holding a FrozenConst, and `freeze`.
 
 What NNX's own modules, `jnp`, `nnx.Optimizer`, `nnx.grad`, `nnx.jit` (each of its modes),
 the performance guide's functional loop and orbax checkpointing do with a module whose
@@ -52,7 +52,7 @@ def _mode(mode):
 
 
 class Net(nnx.Module):
-    """A pretrained encoder (every module kind the issue names) and a head trained on top."""
+    """A pretrained encoder (convolution, embedding, norm, attention, linear) and a head trained on top."""
 
     def __init__(self, rngs):
         self.encoder = Encoder(rngs)
@@ -249,8 +249,8 @@ def test_the_performance_guides_functional_loop_closes_with_the_constants():
 def test_a_rebuilt_frozen_variable_holds_its_value_without_an_error_raised_and_caught():
     """A pytree rebuild (each step of the functional loop, a jitted step's outputs) makes a
     `Frozen` variable with `object.__new__` and writes its value at once: that write reads no
-    unset slot (an AttributeError raised and caught, half the extra cost of a rebuilt `Frozen`
-    over a rebuilt `nnx.Param`), and the variable holds what it was given."""
+    unset slot (an AttributeError raised and caught, a cost on every rebuild), and the
+    variable holds what it was given."""
     variable = Frozen(frozenconst.FrozenConst(np.ones((4, 2), np.float32)))
     treedef = jax.tree.structure(variable)
     copy_of_it = jnp.full((4, 2), 2.0)

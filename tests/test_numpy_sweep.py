@@ -9,7 +9,7 @@ FrozenConst's cached buffer there (`jnp.asarray(x)`): same type, shape, dtype,
 weak type, committed flag, sharding and bits. Eagerly, as `jax.jit` arguments,
 closed over in `jax.jit`, and closed over in `frozenconst.jit` (as a parameter of
 the program: `embed_max_bytes=0`). Where JAX refuses a FrozenConst in a position,
-the refusal is listed, with the JAX versions, in `frozenconst._audit` and docs/jax.md.
+the refusal is listed, with the JAX versions, in `frozenconst._refusals` and docs/jax.md.
 """
 
 import functools
@@ -32,6 +32,9 @@ from jax.typing import ArrayLike, DTypeLike
 
 import frozenconst
 from frozenconst import FrozenConst
+
+# The refusal table is the package's own list of what JAX refuses: the sweep checks it
+# against JAX, so it reads it.
 from frozenconst._refusals import JAX_NUMPY_REFUSALS
 
 # -- example data: small, so that each call costs little --------------------------

@@ -222,6 +222,7 @@ def test_probing_an_untransferable_dtype_prints_nothing():
 
 
 def test_a_probe_keeps_what_others_write_unless_it_fails(capfd):
+    # The dtype probes run once a process, before a test can watch: their stderr holding alone.
     from frozenconst._dtypes import _held_stderr
 
     with _held_stderr() as release:

@@ -1,4 +1,4 @@
-"""Pickling keeps a declared sharding where the unpickling process can rebuild it (issue #11, part 5)."""
+"""Pickling keeps a declared sharding where the unpickling process can rebuild it."""
 
 import pathlib
 import pickle
@@ -15,6 +15,8 @@ from helpers import subprocess_env
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
+# The payload's form is read off `__reduce__`, whose rebuilder is the package's; a placement
+# that cannot be rebuilt is made by replacing how one is described.
 import frozenconst._frozen
 from frozenconst import FrozenConst, FrozenConstWarning
 
@@ -76,7 +78,7 @@ def test_without_a_placement_the_payload_is_the_host_data_only():
     x = FrozenConst(np.arange(3))
     reconstruct, args = x.__reduce__()
     # The host data, with its dtype: unpickled as held, whatever the x64 setting there (and
-    # as the live constant of that content where one is live, issue #47 row 18).
+    # as the live constant of that content where one is live).
     assert reconstruct is frozenconst._frozen._unpickle and len(args) == 1
     assert args[0].dtype == x.host_dtype
     np.testing.assert_array_equal(args[0], np.arange(3))

@@ -170,6 +170,7 @@ def test_a_pytest_run_of_unrelated_code_imports_nothing_of_frozenconst(env, tmp_
     assert set(on["modules"]) - set(off["modules"]) == PLUGIN_MODULES
 
 
+# That the guard's machinery loads only when asked for shows only as its module in sys.modules.
 _FIXTURE = """
     import sys
     import jax, jax.numpy as jnp, numpy as np
@@ -229,7 +230,7 @@ _EXPECTING = """
 
 @pytest.mark.subprocess
 def test_the_fixture_reports_after_the_body_and_the_context_manager_raises(env, tmp_path, request):
-    # Issue #47 row 19, as docs/testing.md says: the fixture's report comes once the body has
+    # As docs/testing.md says: the fixture's report comes once the body has
     # run, so `pytest.raises` around the line sees nothing; the context manager's block raises.
     request.getfixturevalue("needs_raw_numpy_lowering")
     (tmp_path / "pytest.ini").write_text("[pytest]\n")

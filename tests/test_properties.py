@@ -139,10 +139,10 @@ def test_zero_size_and_0d(shape):
     assert repr(x).startswith("FrozenConst(")
 
 
-# -- a Python scalar promotes as JAX promotes it (issue #37) -------------------------------------
-# `FrozenConst(0.5) * bf16` was float32 and `FrozenConst(3) + int8` int32, where
-# `jnp.asarray(0.5)` and `jnp.asarray(3)` keep bfloat16 and int8: JAX types a Python scalar
-# weakly. Each call form below combines a constant (`c`) with an array (`y`), and is run twice:
+# -- a Python scalar promotes as JAX promotes it --------------------------------------------------
+# `FrozenConst(0.5) * bf16` is bfloat16 and `FrozenConst(3) + int8` int8, as with
+# `jnp.asarray(0.5)` and `jnp.asarray(3)`: JAX types a Python scalar weakly, not as float32 or
+# int32. Each call form below combines a constant (`c`) with an array (`y`), and is run twice:
 # on `FrozenConst(s)`, and on `jnp.asarray(s)` in its place.
 
 _OTHER_DTYPES = [

@@ -24,8 +24,7 @@ def _rss_counter_slack():
     Linux counts resident pages per CPU (per-CPU counters since 6.2; per-thread
     caches synced every 64 faults before): a read can miss up to a batch of pages
     per CPU for each of the file, anonymous and shared-memory counts, the batch
-    `max(32, 2 * CPUs)` pages (64 before 6.2). Seen: 4 KiB apart on a 214 MiB peak
-    on 2 cores; more than 1% apart on the 16-core H200 machine (issue #20).
+    `max(32, 2 * CPUs)` pages (64 before 6.2), so the slack grows with the CPU count.
     """
     cpus = os.cpu_count() or 1
     return 3 * cpus * max(64, 2 * cpus) * os.sysconf("SC_PAGE_SIZE")

@@ -110,10 +110,10 @@ def test_the_whisper_stand_in_behind_the_docs_figures_shows_what_they_say():
     result = json.loads(out.strip().splitlines()[-1])
     hlo = {r["variant"]: r["hlo_bytes"] for r in result["rows"]}
     # The boolean mask embedded whole: at least a bit per value, as hex digits in HLO
-    # text (jax 0.6.2 packs the bits; 0.10.2 prints a byte per value, 5.2x in all).
+    # text (jax 0.6.2 packs the bits; 0.10.2 prints a byte per value).
     whole_mask = N_CTX * N_CTX // 8 * 2
     assert hlo["jax.Array"] >= hlo["frozenconst.jit"] + whole_mask
-    # Sliced from the host data, as NumPy's is (issue #35): the same data; NumPy also folds
+    # Sliced from the host data, as NumPy's is: the same data; NumPy also folds
     # `(1.0 - mask[...]) * -1e9` on the host, the program holds those few operations.
     assert hlo["FrozenConst"] < hlo["numpy"] + 1024
     assert hlo["frozenconst.jit"] < hlo["numpy"]

@@ -18,6 +18,8 @@ from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from frozenconst import FrozenConst
+
+# The defaults are checked against the package's list of dtypes and of those this JAX holds.
 from frozenconst._dtypes import SUPPORTED_DTYPES, supported
 from frozenconst.strategies import frozen_consts, jax_dtypes
 

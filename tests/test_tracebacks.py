@@ -1,4 +1,4 @@
-"""Tracebacks point at the user's code: frozenconst's frames go where JAX's go (issue #21 §2).
+"""Tracebacks point at the user's code: frozenconst's frames go where JAX's go.
 
 JAX decides once per error, from `JAX_TRACEBACK_FILTERING` or
 `jax.config.jax_traceback_filtering`, so each mode runs in a fresh process. The
@@ -18,6 +18,7 @@ import frozenconst
 
 PACKAGE = str(pathlib.Path(frozenconst.__file__).resolve().parent)
 
+# The fallback run checks that `_compat` saw the missing hook: only its own state says so.
 CHILD = r"""
 import json, sys, traceback
 import numpy as np, jax, jax.numpy as jnp
@@ -278,8 +279,8 @@ TABLE = frozenconst.FrozenConst([1.0, 2.0, 3.0, 4.0])
 
 @pytest.mark.parametrize("embed_max_bytes", [0, 1024], ids=["parameter", "captured"])
 def test_a_tracing_error_names_the_users_function_and_line_as_under_jax_jit(embed_max_bytes):
-    # Issue #37: "The error occurred while tracing the function ... at .../frozenconst/_jit.py:344"
-    # (or 374): JAX names the function it traced, which was frozenconst's own.
+    # JAX names the function it traced: the user's, never frozenconst's own
+    # ("... while tracing the function ... at .../frozenconst/_jit.py").
     import jax
     import jax.numpy as jnp
 

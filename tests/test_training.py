@@ -385,8 +385,8 @@ def test_the_documented_pytest_configuration_makes_frozenconst_warnings_errors(t
 
 @pytest.mark.parametrize("leaf", ["frozen", "array"])
 def test_a_tree_of_nones_in_a_constants_place_pickles_and_combines_back(leaf):
-    # Row 11 of issue #47: the half of `eqx.partition` without arrays (and any tree mapped to
-    # `None`s) holds a placeholder where the constant was; it pickles as that, as with a jax.Array.
+    # The half of `eqx.partition` without arrays (and any tree mapped to `None`s) holds a
+    # placeholder where the constant was; it pickles as that, as with a jax.Array.
     import pickle
 
     data = unique_data((8, 4))

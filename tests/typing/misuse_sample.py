@@ -32,7 +32,7 @@ step(plain)  # ERROR: and its parameters
 count: int = step(plain, 2.0)  # ERROR: and its return type
 head(plain, "two")  # ERROR: also through the decorator factory
 apply([plain], plain)  # ERROR: and through filter_jit
-# What a method computes from a constant is a jax.Array, as at run time (issue #47 row 17).
+# What a method computes from a constant is a jax.Array, as at run time.
 FrozenConst(jnp.ones((2, 3))).T.evict()  # ERROR: a transpose is a jax.Array, not a constant
 FrozenConst(jnp.ones((2, 3))).reshape(3, 2).evict()  # ERROR: so is a reshape
 FrozenConst(jnp.ones(3)).copy().evict()  # ERROR: and a copy
