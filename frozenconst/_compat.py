@@ -108,7 +108,7 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # of files under `path` as its own: frozenconst's frames below a JAX boundary
 # (the function `frozenconst.jit` traces, a FrozenConst's operators) are then
 # removed, kept or marked exactly as JAX's are. frozenconst's frames above
-# JAX's boundary (`JitWrapped.__call__`) are dropped by `_tracebacks`, which
+# JAX's boundary (`JitWrapped.__call__`) are dropped by `_frames`, which
 # reads the mode (`_filtering_mode`, "auto" resolved as JAX resolves it) and
 # JAX's marks on an error it filtered: its note (`_simplified_tb_msg`, quiet
 # mode) or its `UnfilteredStackTrace` cause (remove_frames mode).

@@ -7,24 +7,20 @@ The same rule says where a constant was made (`origin_module`), which frames the
 guard reports (`user_frames`), and where the derived-copy warning is told (`find_user`).
 
 Errors: a warning that the filters make an error, met while a library rebuilds its tree, is
-raised in the user's frame once the rebuild has returned (`raise_in`); an error leaving one of
-frozenconst's entry points drops frozenconst's frames where JAX dropped its own (`boundary`).
+raised in the user's frame once the rebuild has returned (`raise_in`); JAX's refusal of a
+FrozenConst names the user's line by the same rule (`_refusals`); an error leaving one of
+frozenconst's entry points drops frozenconst's frames where JAX dropped its own
+(`hide_own_frames`).
 """
 
 from __future__ import annotations
 
-import functools
 import sys
 import threading
 import types
-from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from ._compat import JIT_MODULE, PACKAGE_DIR, frame_at, jax_filtered, traceback_filtering
-from ._refusals import refused_as_array
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
 
 # The packages whose frames are never the user's line: JAX, frozenconst, NumPy (a `__array__`
 # or `__dlpack__` that warns is called from NumPy's code), and the training libraries that
@@ -178,24 +174,3 @@ def _without_own(tb: types.TracebackType | None) -> types.TracebackType | None:
     for entry in reversed(kept):
         out = types.TracebackType(out, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
     return out
-
-
-def boundary(fun: Callable[_P, _R]) -> Callable[_P, _R]:
-    """`fun` as an entry point of frozenconst: an error leaving it drops frozenconst's frames
-    where JAX dropped its own, and JAX's refusal of a FrozenConst is frozenconst's error
-    (`JitWrapped.__call__` does the same inline, without the extra call)."""
-
-    @functools.wraps(fun)
-    def entry(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        try:
-            return fun(*args, **kwargs)
-        except Exception as err:
-            hide_own_frames(err)
-            refused = refused_as_array(err)
-            if refused is not None:
-                # JAX refused a FrozenConst where it takes only a jax.Array: frozenconst's own
-                # error, naming the user's line and the fix (`_refusals`).
-                raise refused.with_traceback(err.__traceback__) from err
-            raise
-
-    return entry

@@ -21,7 +21,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 import jax
 
 from ._errors import FrozenConstTypeError
-from ._frames import boundary, hide_own_frames
+from ._frames import hide_own_frames
 from ._frozen import FrozenConst
 from ._hoist import EMBED_MAX_BYTES, WRAPPER_FRAMES, Options, meet_losses
 from ._refusals import refused_as_array
@@ -35,6 +35,27 @@ _R = TypeVar("_R")
 # made again at most this many times (two threads donating one constant, 1,000 calls each:
 # never twice in a row).
 _MAX_REFEEDS = 8
+
+
+def boundary(fun: Callable[_P, _R]) -> Callable[_P, _R]:
+    """`fun` as an entry point of frozenconst: an error leaving it drops frozenconst's frames
+    where JAX dropped its own, and JAX's refusal of a FrozenConst is frozenconst's error
+    (`JitWrapped.__call__` does the same inline, without the extra call)."""
+
+    @functools.wraps(fun)
+    def entry(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return fun(*args, **kwargs)
+        except Exception as err:
+            hide_own_frames(err)
+            refused = refused_as_array(err)
+            if refused is not None:
+                # JAX refused a FrozenConst where it takes only a jax.Array: frozenconst's own
+                # error, naming the user's line and the fix (`_refusals`).
+                raise refused.with_traceback(err.__traceback__) from err
+            raise
+
+    return entry
 
 
 class JitWrapped(Generic[_P, _R]):

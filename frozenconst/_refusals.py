@@ -14,11 +14,9 @@ function they compile.
 from __future__ import annotations
 
 import linecache
-import os
-
-import jax
 
 from ._errors import FrozenConstIndexError, FrozenConstTypeError, FrozenConstValueError
+from ._frames import library_of
 
 # JAX's own words when `core.typeof` meets an object with `__jax_array__` that
 # is not one of its array types (jax >= 0.7; 0.6 calls it with a
@@ -34,8 +32,6 @@ _INDEX_REFUSAL = "Got FrozenConst("
 # `lax.custom_root`: a `TypeError`; `lax.reduce`: a `ValueError`), or the type of a
 # loop's carry with what its body returns (`lax.scan`, `while_loop`: a `TypeError`).
 _TYPE_REFUSALS = ("got FrozenConst(", "CustomNode(FrozenConst", "<class 'frozenconst._frozen.FrozenConst'>")
-_HERE = os.path.dirname(__file__) + os.sep
-_JAX = os.path.dirname(jax.__file__) + os.sep
 
 # Public functions of `jax.nn` and `jax.scipy` that refuse a FrozenConst where they
 # take a NumPy array or a `jax.Array`, with the JAX versions on which they do:
@@ -204,9 +200,9 @@ def refused_as_array(err: BaseException) -> Refusal | None:
         return None
     place, called = "an unknown place", []
     tb = err.__traceback__
-    while tb is not None:  # JAX has already removed its own frames from it
+    while tb is not None:  # the innermost of the user's frames (`_frames`: whose frame is whose)
         code = tb.tb_frame.f_code
-        if not code.co_filename.startswith((_HERE, _JAX)):
+        if not library_of(tb.tb_frame):
             place = f"{code.co_filename}:{tb.tb_lineno} ({code.co_name})"
             called = _called(code.co_filename, tb.tb_lineno)
         tb = tb.tb_next

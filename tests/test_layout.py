@@ -12,11 +12,11 @@ import frozenconst
 PACKAGE = pathlib.Path(frozenconst.__file__).parent
 LAYERS = [
     ["_errors", "_fingerprint"],
-    ["_compat", "_refusals"],
+    ["_compat"],
     ["_dtypes"],
     ["_convert"],
     ["_host", "_targets", "_frames", "_jaxprs"],
-    ["_cache"],
+    ["_cache", "_refusals"],
     ["_partial", "_derived", "_stats", "_hoist"],
     ["_frozen"],
     ["_jit"],
