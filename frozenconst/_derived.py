@@ -176,6 +176,8 @@ _ADVICE = {
     "give `optax` only the trainable params.",
     "jit": "Return only what the step changes (`frozenconst.partition(state)[0]`), or compile it "
     "with `frozenconst.filter_jit`, which hands the constant itself back.",
+    "numpyro": "numpyro's `jit_model_args=True` carries the model's arguments through its sampling "
+    "loop: close over the constant in the model instead, or leave `jit_model_args` off.",
     "": "Where an array is meant, pass `jnp.asarray(x)` (the constant's buffer, no copy); where "
     "training maps over parameters, keep constants out with `frozenconst.partition`.",
 }
@@ -307,7 +309,8 @@ def _tell(told: _Told, caller: types.FrameType, site: tuple[int, int], leaf: Any
         )
         try:
             warnings.warn_explicit(
-                f"{_WHO.get(library, _WHO[''])} put a copy of FrozenConst values ({describe_leaf(leaf)}"
+                f"{_WHO.get(library) or library or _WHO['']} put a copy of FrozenConst values "
+                f"({describe_leaf(leaf)}"
                 f"{among}) where the constant was, not the constant's own buffer: a second device buffer, "
                 "and no constant (an optimizer may change it; weight decay does). "
                 f'{_ADVICE.get(library, _ADVICE[""])} Said once per line (docs: "Training").',

@@ -23,9 +23,13 @@ from typing import Any
 from ._compat import JIT_MODULE, PACKAGE_DIR, frame_at, jax_filtered, traceback_filtering
 
 # The packages whose frames are never the user's line: JAX, frozenconst, NumPy (a `__array__`
-# or `__dlpack__` that warns is called from NumPy's code), and the training libraries that
-# compile, rebuild or restore trees on the user's behalf.
-LIBRARIES = frozenset({"jax", "jaxlib", "frozenconst", "numpy", "optax", "equinox", "flax", "chex", "orbax"})
+# or `__dlpack__` that warns is called from NumPy's code), and the libraries that compile,
+# rebuild or restore trees on the user's behalf: training, checkpoints, samplers and solvers
+# that jit internally, and the type checker that wraps a user's function.
+LIBRARIES = frozenset(
+    {"jax", "jaxlib", "frozenconst", "numpy", "optax", "equinox", "flax", "chex", "orbax"}
+    | {"numpyro", "blackjax", "diffrax", "optimistix", "lineax", "jaxopt", "distrax", "jaxtyping"}
+)
 # The standard library's machinery that runs other code (event loops, thread pools, context
 # managers, copies and pickles): never the user's line, and not a library's either.
 PLUMBING = frozenset(
