@@ -200,6 +200,35 @@ def ab_ratio(
     }
 
 
+def process_memory() -> dict[str, int]:
+    """VmRSS, VmHWM, RssAnon and RssFile of this process, in bytes (Linux's `/proc/self/status`)."""
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+                fields[key] = int(value.split()[0]) * 1024
+    return fields
+
+
+def reset_peak() -> bool:
+    """Reset VmHWM to the current resident set (writing 5 to `/proc/self/clear_refs`, Linux >= 4.0);
+    False where the kernel refuses, and the peak so far (imports) is the baseline instead."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def peak_baseline() -> int:
+    """The resident set a peak (`process_memory()["VmHWM"]`) is measured from, from now on."""
+    reset = reset_peak()
+    now = process_memory()
+    return now["VmRSS"] if reset else now["VmHWM"]
+
+
 def copy_at(data: Any, offset: int) -> Any:
     """A copy of NumPy array `data` whose address is `offset` bytes past a 64-byte boundary.
 

@@ -32,32 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from ._harness import environment, run_worker
+from ._harness import environment, process_memory, reset_peak, run_worker
 
 MIB = 1 << 20
 MODES = ("np.load", "np.load + FrozenConst", "mmap + FrozenConst")
-
-
-def _status() -> dict[str, int]:
-    """VmRSS, VmHWM, RssAnon and RssFile of this process, in bytes."""
-    fields = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
-                fields[key] = int(value.split()[0]) * 1024
-    return fields
-
-
-def _reset_peak() -> bool:
-    # Writing 5 resets VmHWM to the current resident set (Linux >= 4.0); where
-    # the kernel refuses, the peak so far (imports) is the baseline instead.
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
 
 
 def _worker(mode: str, path: str) -> dict[str, Any]:
@@ -69,8 +47,8 @@ def _worker(mode: str, path: str) -> dict[str, Any]:
 
     jnp.zeros(1).block_until_ready()  # JAX's backend started before the baseline
     gc.collect()
-    reset = _reset_peak()
-    before = _status()
+    reset = reset_peak()
+    before = process_memory()
     source: Any = None
     if mode == "np.load":
         value: Any = np.load(path)
@@ -82,13 +60,13 @@ def _worker(mode: str, path: str) -> dict[str, Any]:
     else:
         raise ValueError(f"unknown mode {mode!r}")
     gc.collect()
-    built = _status()
+    built = process_memory()
     del source  # unmapped: what stays is the constant's own copy
     gc.collect()
-    kept = _status()
+    kept = process_memory()
     jnp.asarray(value).block_until_ready()
     gc.collect()
-    used = _status()
+    used = process_memory()
     base = before["VmRSS"] if reset else before["VmHWM"]
     peak = built["VmHWM"] - base
     # What is resident when the build returns, with the map still open: the

@@ -29,30 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from ._harness import environment, run_worker
+from ._harness import environment, peak_baseline, process_memory, run_worker
 
 MIB = 1 << 20
 TABLE_MIB = 256
-
-
-def _status() -> dict[str, int]:
-    fields = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                fields[key] = int(value.split()[0]) * 1024
-    return fields
-
-
-def _reset_peak() -> int:
-    """The baseline resident set for a peak measured from now (VmHWM reset where allowed)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return _status()["VmRSS"]
-    except OSError:
-        return _status()["VmHWM"]
 
 
 def _tables(total_mib: int) -> list[np.ndarray]:
@@ -98,11 +78,11 @@ def _worker(step: str, total_mib: int, where: str) -> dict[str, Any]:
         tables = [frozenconst.FrozenConst(t) for t in data]
         del data
         gc.collect()
-        base = _reset_peak()
+        base = peak_baseline()
         start = time.perf_counter()
         saved = frozenconst.export(_function(tables), spec).save(path / "prog")
         row["seconds"] = time.perf_counter() - start
-        row["peak_growth"] = _status()["VmHWM"] - base
+        row["peak_growth"] = process_memory()["VmHWM"] - base
         row["program_bytes"] = (saved / "program.jaxexport").stat().st_size + (
             saved / "manifest.json"
         ).stat().st_size
@@ -110,19 +90,19 @@ def _worker(step: str, total_mib: int, where: str) -> dict[str, Any]:
     elif step == "frozenconst.load":
         del data
         gc.collect()
-        base = _reset_peak()
+        base = peak_baseline()
         start = time.perf_counter()
         loaded = frozenconst.load(path / "prog")
         row["seconds"] = time.perf_counter() - start
         start = time.perf_counter()
         block(loaded(jnp.ones(512)))
         row["first_call_seconds"] = time.perf_counter() - start
-        row["peak_growth"] = _status()["VmHWM"] - base
+        row["peak_growth"] = process_memory()["VmHWM"] - base
     elif step == "jax.export":
         arrays = [jnp.asarray(t) for t in data]
         del data
         gc.collect()
-        base = _reset_peak()
+        base = peak_baseline()
         start = time.perf_counter()
         try:
             blob = jax.export.export(jax.jit(_function(arrays)))(spec).serialize()
@@ -131,7 +111,7 @@ def _worker(step: str, total_mib: int, where: str) -> dict[str, Any]:
         else:
             row["program_bytes"] = len(blob)
         row["seconds"] = time.perf_counter() - start
-        row["peak_growth"] = _status()["VmHWM"] - base
+        row["peak_growth"] = process_memory()["VmHWM"] - base
     else:
         raise ValueError(f"unknown step {step!r}")
     return row

@@ -33,16 +33,10 @@ from typing import Any
 VARIANTS = ("partial", "whole copy")
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def _worker(port: int, process_id: int, count: int, path: str, variant: str) -> None:
     import jax
+
+    from ._harness import peak_baseline, process_memory
 
     jax.config.update("jax_num_cpu_devices", 2)  # type: ignore[no-untyped-call]  # unannotated in jax 0.10
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # type: ignore[no-untyped-call]  # unannotated in jax 0.10
@@ -75,15 +69,13 @@ def _worker(port: int, process_id: int, count: int, path: str, variant: str) -> 
         del warm
         gc.collect()
         mapped = np.load(path, mmap_mode="r")
-        anon = _status("RssAnon")
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
-        rss = _status("VmRSS")
+        anon = process_memory()["RssAnon"]
+        rss = peak_baseline()
         x = FrozenConst(mapped, sharding=rows) if variant == "partial" else FrozenConst(mapped)
         x.on(rows).block_until_ready()
         row = {
-            "anon_growth": _status("RssAnon") - anon,
-            "peak_growth": _status("VmHWM") - rss,
+            "anon_growth": process_memory()["RssAnon"] - anon,
+            "peak_growth": process_memory()["VmHWM"] - rss,
             "host_bytes": x.stats().host_bytes,
             "whole": int(mapped.nbytes),
         }

@@ -156,10 +156,9 @@ class Owners:
         self.lock = threading.RLock()
         self.refs: dict[int, weakref.ref[Store]] = {}
 
-    def reference(self, store: Store) -> weakref.ref[Store]:
-        """The weak reference `store`'s entries hold: when it dies, they go."""
-        keys: set[int] = set()
-        store.owned = keys
+    def reference(self, store: Store, keys: set[int]) -> weakref.ref[Store]:
+        """The weak reference `store`'s entries hold: when it dies, those of `keys` (the ids
+        of its cached arrays, `Store.owned`) go."""
         return weakref.ref(store, lambda ref: self.forget(ref, keys))
 
     def add(self, array: jax.Array, store: Store) -> None:
@@ -257,7 +256,6 @@ class Store:
 
     # The page-locked `jax.Array` whose memory `_host` views, or None (pageable memory).
     _pinned: jax.Array | None
-    owned: set[int]
     # A constant with host data (`_derived.Derived` is not).
     concrete = True
     # What a derived value is served from (`_derived.Derived.leaf`); a constant has none.
@@ -304,9 +302,9 @@ class Store:
         self.hits = 0
         self.transfers = 0
         STATE.live.add(self)
-        # The weak reference `OWNERS` holds for each cached array of this store, and (`owned`)
-        # the ids of those arrays.
-        self.owner = OWNERS.reference(self)
+        # The ids of this store's cached arrays, and the weak reference `OWNERS` holds for each.
+        self.owned: set[int] = set()
+        self.owner = OWNERS.reference(self, self.owned)
         # What each use gets, one dict lookup: keyed as the note above `FedArrays` says, except the
         # default placement where x64 does not change the device dtype (`_by_device`).
         self.served: dict[Any, jax.Array] = {}

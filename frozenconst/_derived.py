@@ -373,8 +373,8 @@ class CopyMark:
 
 
 COPY = CopyMark()
-# `object.__new__`, bound once: a handle is made per pytree rebuild.
-_new = object.__new__
+# `object.__new__`, bound once: a handle is made per pytree rebuild (`FrozenConst._of` too).
+new_handle = object.__new__
 
 
 def _in_debug_callback(caller: types.FrameType) -> bool:
@@ -415,7 +415,7 @@ def rebuild(cls: type[FrozenConst], aux_data: None, children: Any) -> FrozenCons
                     # The default placement's buffer (served only where a use without a
                     # sharding gets none, `Store._serve`): what `sharding_of` finds,
                     # without its lock and walk.
-                    handle = _new(cls)
+                    handle = new_handle(cls)
                     handle._store = store
                     handle._sharding = None
                     return handle
@@ -458,7 +458,7 @@ def rebuild(cls: type[FrozenConst], aux_data: None, children: Any) -> FrozenCons
                 if user is None or user.f_lasti != user_lasti or id(user.f_code) != user_code:
                     note_derived_copy(leaf, caller, cls)
         # The array itself, its record made where first asked for (`_held`).
-        handle = _new(cls)
+        handle = new_handle(cls)
         handle._store = leaf  # type: ignore[assignment]  # the array, not a record: `COPY` says so
         handle._sharding = COPY
         return handle
@@ -481,7 +481,7 @@ def rebuild(cls: type[FrozenConst], aux_data: None, children: Any) -> FrozenCons
             if owner is not None:
                 return cls._of(*owner)
         derived = derived_of(leaf)  # a tracer: what a trace rebuilds
-    handle = _new(cls)
+    handle = new_handle(cls)
     handle._store = derived
     handle._sharding = None
     return handle

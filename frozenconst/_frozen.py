@@ -20,15 +20,12 @@ from ._compat import (
     Tracer,
     array_attributes,
 )
-from ._derived import COPY, NO_LEAF, CopyMark, Derived, copy_record, rebuild
+from ._derived import COPY, NO_LEAF, CopyMark, Derived, copy_record, new_handle, rebuild
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._host import HostMemory, frozen_copy, host_memory_choice
 from ._partial import as_shape, from_callback, from_source, lazily_sliceable, spans_processes
 from ._stats import ConstStats, const_stats
 from ._targets import Target, as_sharding
-
-# `object.__new__`, bound once: a handle is made per pytree rebuild.
-_new = object.__new__
 
 # Taken by a handle making its copy's record (`FrozenConst._held`): one record per copy,
 # whichever thread asks first.
@@ -239,7 +236,7 @@ class FrozenConst(_StaticBase):
     @classmethod
     def _of(cls, store: Store | Derived, sharding: jax.sharding.Sharding | None = None) -> FrozenConst:
         """A handle on `store`, every use of which gets `sharding`: no validation, no copy."""
-        handle = _new(cls)
+        handle = new_handle(cls)
         handle._init(store, sharding)
         return handle
 
