@@ -14,7 +14,7 @@ import numpy as np
 from ._cache import OWNER_REFS, STATE
 from ._compat import SIMPLIFIED_CONSTANTS, numpy_of, simplified_hoists
 from ._fingerprint import fingerprint
-from ._hoist import EMBED_MAX_BYTES
+from ._hoist import EMBED_MAX_BYTES, embed_limit
 from ._host import human_bytes
 from ._jaxprs import walk, where
 from ._refusals import refused_as_array
@@ -300,7 +300,7 @@ def _kept_out(value: Any) -> bool:
     if store is None or store.volatile:
         return False
     nbytes: int = getattr(value, "nbytes", 0)
-    return simplified_hoists(value) if SIMPLIFIED_CONSTANTS else nbytes > EMBED_MAX_BYTES
+    return simplified_hoists(value) if SIMPLIFIED_CONSTANTS else nbytes > embed_limit(value)
 
 
 def _describe(value: Any) -> dict[str, Any]:

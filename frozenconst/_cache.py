@@ -29,8 +29,6 @@ from ._compat import (
     Device,
     Tracer,
     eval_context,
-    uncommitted,
-    warn_degraded,
     weakly_typed,
 )
 from ._convert import as_dtype, check_narrowing
@@ -38,7 +36,8 @@ from ._dtypes import follows_x64, native
 from ._errors import FrozenConstWarning
 from ._fingerprint import fingerprint
 from ._frames import origin_module, user_stacklevel
-from ._host import HostMemory, freeze, frozen_copy, host_buffer, human_bytes
+from ._host import frozen_copy, human_bytes
+from ._host_memory import PAGEABLE, HostCopy, HostMemory, host_copy
 from ._targets import Target, as_sharding
 
 _REPR_MAX_ELEMENTS = 64
@@ -239,11 +238,11 @@ class Store:
         "_host",
         "_lock",
         "_made",
-        "_pinned",
         "device_dtypes",
         "dtype",
         "hits",
         "hot",
+        "memory",
         "origin",
         "owned",
         "owner",
@@ -254,8 +253,8 @@ class Store:
         "weak",
     )
 
-    # The page-locked `jax.Array` whose memory `_host` views, or None (pageable memory).
-    _pinned: jax.Array | None
+    # What the host holds for transfers besides `_host` (`_host_memory`: pageable or pinned).
+    memory: HostCopy
     # A constant with host data (`_derived.Derived` is not).
     concrete = True
     # What a derived value is served from (`_derived.Derived.leaf`); a constant has none.
@@ -267,16 +266,14 @@ class Store:
         self,
         host: np.ndarray[Any, Any],
         host_memory: HostMemory = "pageable",
-        mapped: bool = False,
         weak: bool = False,
     ) -> None:
-        # `host_memory` (validated, `_host.host_memory_choice`) says where the frozen
-        # `host` lives from now on; `mapped`: it was copied from a memory map; `weak`: it
-        # holds a Python scalar, weakly typed as `jnp.asarray` types one.
-        # Placed before `_setup`, which makes the store live (`STATE.live`).
-        placed, pinned = host_buffer(host, host_memory, lambda: _default_device(DEFAULT_DEVICE.value), mapped)
+        # `host_memory` (validated, `_host_memory.host_memory_choice`) says what the host holds
+        # for transfers besides the frozen `host`; `weak`: it holds a Python scalar, weakly typed
+        # as `jnp.asarray` types one.
         self._setup(host.shape, host.dtype)
-        self._host, self._pinned = placed, pinned
+        self._host = host
+        self.memory = host_copy(host_memory)
         self.weak = weak
 
     def _setup(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
@@ -284,7 +281,7 @@ class Store:
         self.dtype: np.dtype[Any] = dtype
         # `device_dtype()` under x64 off and on, each found on first need.
         self.device_dtypes: list[np.dtype[Any] | None] = [None, None]
-        self._pinned = None
+        self.memory = PAGEABLE
         # The module whose code made the constant (a library's, for its tables), which the
         # warnings about it name, so that a library can filter those of its own constants with
         # one line (`made in `mylib`, docs: "Which jit").
@@ -359,23 +356,22 @@ class Store:
 
     @property
     def host_memory(self) -> str:
-        """Where the host buffer lives: "pinned" (page-locked) or "pageable"."""
-        return "pageable" if self._pinned is None else "pinned"
+        """What transfers read: "pinned" (a page-locked copy) or "pageable" (the NumPy copy)."""
+        return self.memory.name
 
     def in_host_memory(self, host_memory: HostMemory) -> Store:
         """The store of `FrozenConst(x, host_memory=...)`: this one where its host memory is what
-        `host_memory` asks for (`auto` takes either), else a copy in that memory."""
+        `host_memory` asks for (`auto` takes either), else one sharing its frozen NumPy copy (which
+        nobody can write) with the other kind."""
         if host_memory in ("auto", self.host_memory):
             return self
-        host = self.whole(f"FrozenConst(x, host_memory={host_memory!r})")
-        # To pinned: `host_buffer` copies into page-locked memory. To pageable: a fresh copy,
-        # never a view of the page-locked buffer (it lives as long as any view of it).
-        return Store(host if host_memory == "pinned" else freeze(host), host_memory, weak=self.weak)
+        return Store(self.whole(f"FrozenConst(x, host_memory={host_memory!r})"), host_memory, weak=self.weak)
 
     @property
     def host_nbytes(self) -> int:
-        """Bytes of the frozen host buffers this process holds."""
-        return sum(b.nbytes for b in self.host_buffers())
+        """Bytes of host memory this process holds for the constant: its frozen buffers and a
+        page-locked copy."""
+        return sum(b.nbytes for b in self.host_buffers()) + self.memory.nbytes
 
     def check_device_dtype(self, dtype: np.dtype[Any]) -> None:
         """Raise unless the host data keeps every integer on a device as `dtype`."""
@@ -498,17 +494,6 @@ class Store:
 
     def _transfer(self, sharding: Sharding | None, dtype: np.dtype[Any]) -> jax.Array:
         """A new device buffer (called under the lock)."""
-        if self._pinned is not None:
-            from_pinned = self._from_pinned(self._pinned, sharding, dtype)
-            if from_pinned is not None:
-                return from_pinned
-        if sharding is None:
-            # No `device` argument: the result stays uncommitted, like
-            # `jnp.asarray(np_array)`, so it combines with arrays on any device.
-            # It lands on the current default device.
-            default: jax.Array = jax.device_put(self.host)
-            self.transfers += not isinstance(default, Tracer)
-            return default
         if isinstance(sharding, SingleDeviceSharding):
             (device,) = sharding.device_set
             existing = self._made.get((None, device, dtype))
@@ -517,8 +502,20 @@ class Store:
                 # JAX hands back the same buffer (jax 0.10 and 0.12).
                 committed: jax.Array = jax.device_put(existing, sharding)
                 return committed
-            single: jax.Array = jax.device_put(self.host, sharding)
+        served = self.memory.transfer(sharding, dtype, _default_device(DEFAULT_DEVICE.value))
+        if served is not None:
             self.transfers += 1
+            return served
+        if sharding is None or isinstance(sharding, SingleDeviceSharding):
+            # No `device` argument: the result stays uncommitted, like
+            # `jnp.asarray(np_array)`, so it combines with arrays on any device.
+            # It lands on the current default device.
+            single: jax.Array = (
+                jax.device_put(self.host) if sharding is None else jax.device_put(self.host, sharding)
+            )
+            if not isinstance(single, Tracer):
+                self.transfers += 1
+                self.memory.made(single)
             return single
         host = self.host
         convert = host.dtype != dtype
@@ -535,52 +532,6 @@ class Store:
         # and puts it on every device, so the callback's calls undercount.
         self.transfers += len(made.addressable_shards)
         return made
-
-    def _from_pinned(
-        self, pinned: jax.Array, sharding: Sharding | None, dtype: np.dtype[Any]
-    ) -> jax.Array | None:
-        """A device buffer copied from the page-locked one by the device itself, or None where
-        the NumPy view serves instead (called under the lock).
-
-        `jax.device_put` of the page-locked `jax.Array` into the device memory of
-        its own device is a DMA copy; of a NumPy view of it, JAX stages the data
-        as pageable memory. So it serves one device's placements of the host
-        dtype: the default buffer (kept uncommitted, `_compat.uncommitted`) and
-        `x.on(device)`. Other devices, other memory kinds, sharded placements and
-        a dtype conversion (x64 switched since construction) take the NumPy view,
-        as does a page-locked buffer deleted behind our back.
-        """
-        if dtype != self.dtype or pinned.is_deleted():
-            return None
-        (home,) = pinned.devices()
-        if sharding is None:
-            if _default_device(DEFAULT_DEVICE.value) != home:
-                return None
-        elif not (
-            isinstance(sharding, SingleDeviceSharding)
-            and sharding.device_set == {home}
-            and sharding.memory_kind in (None, home.default_memory().kind)
-        ):
-            return None
-        existing = self._made.get((None, home, dtype)) if sharding is not None else None
-        if existing is not None and not existing.is_deleted():
-            committed: jax.Array = jax.device_put(existing, sharding)  # the same buffer, committed
-            return committed
-        array: jax.Array = jax.device_put(
-            pinned, SingleDeviceSharding(home) if sharding is None else sharding
-        )
-        if sharding is None:
-            free = uncommitted(array)
-            if free is None:
-                warn_degraded(
-                    "frozenconst cannot keep a default-device buffer made from page-locked memory "
-                    f"uncommitted on jax {jax.__version__}: such buffers are transferred from the host "
-                    "buffer's NumPy view instead, at pageable speed."
-                )
-                return None
-            array = free
-        self.transfers += 1
-        return array
 
     # -- eviction and what is cached ---------------------------------------------
 

@@ -296,7 +296,7 @@ def register_array_type(cls: type, to_array: Callable[[Any], Any]) -> bool:
 # backend jax 0.9.2, 0.10.2 and 0.12.0.1 list `device`, `pinned_host` and
 # `unpinned_host`; jax 0.6.2 lists only `unpinned_host`. Fallback: a device
 # without the method offers none, so constants stay in pageable memory (and an
-# explicit `host_memory="pinned"` says so once, see `_host.pinning_device`).
+# explicit `host_memory="pinned"` says so once, see `_host_memory.Pinned`).
 def offers_pinned_host(device: Device) -> bool:
     """Whether `device` addresses `pinned_host` memory (asked once per device)."""
     key: Any = device  # every real device is hashable; the `Device` protocol does not say so
@@ -309,27 +309,6 @@ def _offers_pinned_host(device: Any) -> bool:
     if memories is None:  # pragma: no cover - every supported JAX has it
         return False
     return any(m.kind == "pinned_host" for m in memories())
-
-
-# Whether JAX's backends have started, asked without starting them:
-# `host_memory="auto"` consults the default device only then, so that building a
-# constant never starts a backend (`jax.distributed.initialize` and
-# `jax_num_cpu_devices` must come before that). Private
-# `jax._src.xla_bridge.backends_are_initialized` (jax 0.8.1 to
-# 0.12); no public alternative (`jax.devices()` starts them).
-# Fallback: never started, so `auto` keeps constants pageable (`pinned` still pins).
-def _find_backends_started() -> Callable[[], bool]:
-    try:
-        from jax._src import xla_bridge
-    except ImportError:  # pragma: no cover - newer JAX layouts
-        return lambda: False
-    found: Any = getattr(xla_bridge, "backends_are_initialized", None)
-    if not callable(found):  # pragma: no cover - every supported JAX has it
-        return lambda: False
-    return lambda: bool(found())
-
-
-backends_started: Callable[[], bool] = _find_backends_started()
 
 
 # A default-device buffer made from a page-locked host buffer must stay

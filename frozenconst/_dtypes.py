@@ -145,6 +145,29 @@ def supported(dtype: np.dtype[Any]) -> bool:
     return found
 
 
+# Conversions a backend's compiler aborts the whole process on, rather than raising: by
+# platform, the dtypes converted into. XLA's TPU compiler dies with SIGILL compiling a
+# conversion into a 2-bit integer (`jnp.asarray(a, dtype=jnp.int2)`, `x.astype(jnp.uint2)`;
+# measured on a TPU v5e, jax 0.10.2, libtpu 0.0.42.1), where holding such data and computing
+# with it works. frozenconst converts on the host (`FrozenConst(x, dtype=...)`), and refuses
+# to hand such a conversion to the device (`FrozenConst.astype`).
+_ABORTING_CONVERSIONS: dict[str, frozenset[np.dtype[Any]]] = {
+    "tpu": frozenset(np.dtype(name) for name in ("int2", "uint2") if hasattr(jnp, name)),
+}
+
+
+def check_conversion(platform: str, dtype: np.dtype[Any], what: str) -> None:
+    """Raise a `FrozenConstTypeError` where converting into `dtype` on `platform`'s devices would
+    abort the process (`what`: the call, in words)."""
+    if native(dtype) in _ABORTING_CONVERSIONS.get(platform, frozenset()):
+        raise FrozenConstTypeError(
+            f"`{what}` would convert into {dtype} on a {platform.upper()} device, and XLA's "
+            f"{platform.upper()} compiler aborts the process on that conversion (it does not raise). "
+            f"Convert on the host instead: `FrozenConst(x, dtype=jnp.{dtype})`, which JAX holds and "
+            "computes with on that device."
+        )
+
+
 def native(dtype: np.dtype[Any]) -> np.dtype[Any]:
     """`dtype` in this machine's byte order (JAX holds nothing else); the copy converts."""
     return dtype if dtype.isnative else dtype.newbyteorder("=")

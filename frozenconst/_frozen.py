@@ -21,8 +21,10 @@ from ._compat import (
     array_attributes,
 )
 from ._derived import COPY, NO_LEAF, CopyMark, Derived, copy_record, new_handle, rebuild
+from ._dtypes import check_conversion
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
-from ._host import HostMemory, frozen_copy, host_memory_choice
+from ._host import frozen_copy
+from ._host_memory import HostMemory, host_memory_choice
 from ._partial import as_shape, from_callback, from_source, lazily_sliceable, spans_processes
 from ._stats import ConstStats, const_stats
 from ._targets import Target, as_sharding
@@ -36,6 +38,9 @@ _RECORD_LOCK = threading.Lock()
 _REFUSED = frozenset({"delete"})
 # DLPack's device type of host memory (`kDLCPU`), as `jax.dlpack` and NumPy number it.
 _DL_CPU = 1
+# The platforms whose buffers `jax.Array.__dlpack__` exports (jax 0.8.1 to 0.12: "only supported
+# for CPU and GPU"); a constant on any other exports its frozen host copy.
+_DLPACK_PLATFORMS = frozenset({"cpu", "gpu", "cuda", "rocm"})
 # The Python scalar types JAX types weakly (`jnp.asarray(0.5)`, `jnp.asarray(3)`, not
 # `jnp.asarray(True)`): exactly these types, as `jax._src.dtypes`' `_weak_types` lists them.
 _WEAK_TYPES = (int, float, complex)
@@ -145,7 +150,7 @@ class FrozenConst(_StaticBase):
             # would wrap on the device under the current x64 setting), copied once.
             # A Python scalar without a dtype is weakly typed, as in `jnp.asarray(0.5)`.
             weak = dtype is None and type(obj) in _WEAK_TYPES
-            store = Store(frozen_copy(obj, dtype), choice, mapped=lazily_sliceable(obj), weak=weak)
+            store = Store(frozen_copy(obj, dtype), choice, weak=weak)
         if declared is None:
             declared = store.home if sharding is None else store.declare(sharding)
         self._init(store, declared)
@@ -476,9 +481,9 @@ class FrozenConst(_StaticBase):
     ) -> Any:
         """Export through DLPack, read-only, from where `__dlpack_device__` says, as `jax.Array` does.
 
-        On an accelerator, the cached device buffer (`jnp.asarray(x).__dlpack__`);
-        where that is a CPU device, or where `dl_device` asks for the CPU, the
-        frozen host buffer (its dtype, no device round trip). A consumer that only
+        On a GPU, the cached device buffer (`jnp.asarray(x).__dlpack__`); where that is
+        a CPU device, a device JAX's DLPack does not speak (a TPU), or where `dl_device`
+        asks for the CPU, the frozen host buffer (its dtype, no device round trip). A consumer that only
         speaks DLPack < 1.0 cannot be told that the memory is read-only, so it
         receives a copy instead (`BufferError` with `copy=False`). docs/jax.md, "DLPack".
         """
@@ -505,7 +510,8 @@ class FrozenConst(_StaticBase):
         """The DLPack device `x.__dlpack__()` exports from: that of `jnp.asarray(x)`.
 
         `(kDLCPU, 0)` on a CPU device (the host buffer, which the device buffer
-        aliases there); the accelerator's otherwise (`(kDLCUDA, id)` on a CUDA GPU).
+        aliases there) and on a TPU (the host buffer: JAX exports no TPU memory); the
+        GPU's otherwise (`(kDLCUDA, id)` on a CUDA GPU).
         """
         array = self._dlpack_array()
         exporter = self._host("x.__dlpack_device__()") if array is None else array
@@ -514,15 +520,19 @@ class FrozenConst(_StaticBase):
 
     def _dlpack_array(self) -> Any:
         # The device buffer DLPack exports, or None where that is the host buffer: a
-        # constant used on one CPU device, or a traced value (whose host copy refuses).
-        # On several devices, the array: JAX's BufferError, as for a sharded jax.Array.
+        # constant used on one CPU device, one on a device JAX's DLPack does not speak
+        # (a TPU: "__dlpack__ device only supported for CPU and GPU"), or a traced value
+        # (whose host copy refuses). On several GPUs, the array: JAX's BufferError, as
+        # for a sharded jax.Array.
         # `Any`: jax.Array's stubs declare `__dlpack__()` without DLPack's keywords, and
         # no `__dlpack_device__` (jax 0.10); its implementation has both.
         array: Any = self._held().array(self._declared())
         if isinstance(array, Tracer):
             return None
-        devices = array.devices()
-        return None if len(devices) == 1 and next(iter(devices)).platform == "cpu" else array
+        platforms = {device.platform for device in array.devices()}
+        if platforms - _DLPACK_PLATFORMS or (platforms == {"cpu"} and len(array.devices()) == 1):
+            return None
+        return array
 
     # -- metadata --------------------------------------------------------------
 
@@ -607,6 +617,20 @@ class FrozenConst(_StaticBase):
         (`xp = x.__array_namespace__()`, `array_api_compat.array_namespace(x)`) takes a constant
         as it takes a `jax.Array`. `api_version` as JAX takes it."""
         return self.__jax_array__().__array_namespace__(api_version=api_version)
+
+    def astype(self, dtype: Any, *args: Any, **kwargs: Any) -> jax.Array:
+        """`jnp.asarray(x).astype(dtype, ...)`, refused with a `FrozenConstTypeError` where the
+        device's compiler would abort the process on the conversion (into int2 or uint2 on a
+        TPU): `FrozenConst(x, dtype=...)` converts on the host instead."""
+        array = self.__jax_array__()
+        # A traced use compiles for the default backend.
+        platforms = (
+            {jax.default_backend()} if isinstance(array, Tracer) else {d.platform for d in array.devices()}
+        )
+        if dtype is not None:
+            for platform in platforms:
+                check_conversion(platform, np.dtype(dtype), f"x.astype({np.dtype(dtype)})")
+        return array.astype(dtype, *args, **kwargs)
 
     def block_until_ready(self) -> FrozenConst:
         """Wait until the cached device buffer is ready; returns `x` itself, as
@@ -845,8 +869,8 @@ def with_live_twin(x: FrozenConst) -> FrozenConst:
 
 
 def adopt_host(host: np.ndarray[Any, Any]) -> FrozenConst:
-    """A constant over `host`, a buffer `frozen_copy` made: no further copy (pageable), or
-    its copy in page-locked memory where the default host memory says so."""
+    """A constant over `host`, a buffer `frozen_copy` made, no further copy, in the default
+    host memory."""
     return FrozenConst._of(Store(host, host_memory_choice(None)))  # pyright: ignore[reportPrivateUsage] - its own class's constructor
 
 

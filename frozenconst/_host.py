@@ -23,20 +23,16 @@ from __future__ import annotations
 import contextlib
 import math
 import mmap
-import os
-import threading
 from collections.abc import Callable
-from typing import Any, Literal, TypeAlias
+from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import SingleDeviceSharding
 from numpy.typing import DTypeLike
 
-from ._compat import Device, backends_started, eval_context, offers_pinned_host, warn_degraded
 from ._convert import as_dtype, check_castable, check_narrowing, held_dtype, to_numpy, value_check
 from ._dtypes import native
-from ._errors import FrozenConstTypeError, FrozenConstValueError
+from ._errors import FrozenConstValueError
 
 ALIGNMENT = 64
 _PAGE = 4096
@@ -235,130 +231,6 @@ def _checked_copy(
         block = np.array(src[start : start + step])
         check(block)
         np.copyto(dest[start : start + step], block, casting="unsafe")
-
-
-# -- where the host buffer lives: pageable or page-locked memory -------------------
-
-HostMemory: TypeAlias = Literal["auto", "pinned", "pageable"]
-HOST_MEMORY_CHOICES: tuple[HostMemory, ...] = ("auto", "pinned", "pageable")
-# The default for `host_memory=` when a call gives none.
-HOST_MEMORY_VARIABLE = "FROZENCONST_HOST_MEMORY"
-
-
-def host_memory_choice(value: object) -> HostMemory:
-    """`host_memory=` checked; None reads `FROZENCONST_HOST_MEMORY` (unset or empty: "auto").
-
-    Examples:
-        >>> host_memory_choice("pinned")
-        'pinned'
-        >>> host_memory_choice("locked")
-        Traceback (most recent call last):
-        ...
-        frozenconst.FrozenConstValueError: FrozenConst needs `host_memory` to be ... received 'locked'. ...
-    """
-    allowed = "'auto', 'pinned' or 'pageable'"
-    if value is None:
-        setting = os.environ.get(HOST_MEMORY_VARIABLE)
-        if not setting:
-            return "auto"
-        for choice in HOST_MEMORY_CHOICES:
-            if setting == choice:
-                return choice
-        raise FrozenConstValueError(
-            f"The environment variable `{HOST_MEMORY_VARIABLE}` is {setting[:40]!r}, which FrozenConst "
-            f"does not know: set it to {allowed} (the default for `host_memory=`), or unset it for 'auto'."
-        )
-    if not isinstance(value, str):
-        raise FrozenConstTypeError(
-            f"FrozenConst needs `host_memory` to be {allowed} (a string), but received a "
-            f"`{type(value).__name__}`. Pass one of those strings, or None for the default "
-            f"(`{HOST_MEMORY_VARIABLE}`, else 'auto')."
-        )
-    for choice in HOST_MEMORY_CHOICES:
-        if value == choice:
-            return choice
-    raise FrozenConstValueError(
-        f"FrozenConst needs `host_memory` to be {allowed}, but received {value[:40]!r}. 'auto' is "
-        "page-locked memory on an accelerator that offers it and pageable memory elsewhere; "
-        "docs/host-memory.md has the table."
-    )
-
-
-class _Pinning:
-    """The dtypes whose page-locked buffer NumPy cannot read in place: JAX packs the sub-byte
-    types (int4, uint4, int2, float4_e2m1fn) and `np.asarray` unpacks them into a copy (the
-    CPU backend, jax 0.9 to 0.12). Learned on first sight, so each is pinned (and given up)
-    once per process at most."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.not_in_place: set[np.dtype[Any]] = set()
-
-    def learn(self, dtype: np.dtype[Any]) -> None:
-        with self.lock:
-            self.not_in_place.add(dtype)
-
-
-_PINNING = _Pinning()
-
-
-def host_buffer(
-    host: np.ndarray[Any, Any], choice: HostMemory, device: Callable[[], Device], mapped: bool = False
-) -> tuple[np.ndarray[Any, Any], jax.Array | None]:
-    """Where a constant keeps the frozen `host` under `choice`: (`host`, None) in pageable
-    memory, or (a read-only view, the page-locked `jax.Array`) in `device()`'s page-locked memory.
-
-    `auto` pins only where the backend has started already (building a constant
-    never starts it), `device()` is an accelerator that offers `pinned_host`, and
-    the source is not a memory map (pinning one needs a second full-size copy).
-    `pinned` pins wherever it can, and says once (a FrozenConstWarning) why not where it cannot.
-    """
-    if choice == "pageable" or (choice == "auto" and (mapped or not backends_started())):
-        return host, None
-    found = device()
-    if choice == "auto" and found.platform == "cpu":
-        return host, None  # on CPU the device buffer aliases the pageable one: 1.00x, nothing to gain
-    packed = "JAX packs {} data there, so NumPy could read it only through a second copy"
-    if not offers_pinned_host(found):
-        why = f"{found.platform} devices offer no page-locked (`pinned_host`) memory on jax {jax.__version__}"
-    elif held_dtype(host.dtype) != host.dtype:
-        why = f"JAX holds no {host.dtype} array while `jax_enable_x64` is off"
-    elif host.dtype in _PINNING.not_in_place:
-        why = packed.format(host.dtype)
-    else:
-        try:
-            placed = pin(host, found)
-        except Exception as err:  # XLA's refusals (an allocation, a dtype) are errors of its own
-            why = f"JAX could not page-lock it ({type(err).__name__}: {str(err)[:120]})"
-        else:
-            if placed is not None:
-                return placed
-            why = packed.format(host.dtype)
-    if choice == "pinned":
-        warn_degraded(
-            f"`host_memory='pinned'` was asked for, but {why}: such constants keep their host copy in "
-            "pageable memory, and transfers read it at pageable speed (docs/host-memory.md)."
-        )
-    return host, None
-
-
-def pin(host: np.ndarray[Any, Any], device: Device) -> tuple[np.ndarray[Any, Any], jax.Array] | None:
-    """`host` copied into `device`'s page-locked memory: (a read-only NumPy view of it, the
-    page-locked `jax.Array` itself), or None where NumPy cannot read it in place.
-
-    The view is the constant's host buffer from then on, and the caller drops
-    `host`: one host copy. (On the CPU backend the page-locked array aliases a
-    64-byte aligned `host`, jax #37830: no copy at all.)
-    """
-    with eval_context():  # a concrete buffer even while a trace is active
-        pinned: jax.Array = jax.device_put(host, SingleDeviceSharding(device, memory_kind="pinned_host"))
-    pinned.block_until_ready()
-    view: np.ndarray[Any, Any] = np.asarray(pinned)
-    in_place = host.size == 0 or _address(view) == pinned.unsafe_buffer_pointer()
-    if not in_place or view.flags.writeable or (view.dtype, view.shape) != (host.dtype, host.shape):
-        _PINNING.learn(host.dtype)
-        return None
-    return view, pinned
 
 
 def human_bytes(nbytes: int) -> str:

@@ -28,7 +28,8 @@ from ._compat import Device, warn_degraded
 from ._convert import as_dtype, check_narrowing, held_dtype, to_numpy
 from ._dtypes import check_dtype, native
 from ._errors import FrozenConstTypeError, FrozenConstValueError, NotAddressableError
-from ._host import HostMemory, freeze, freeze_parts, frozen_copy, human_bytes
+from ._host import freeze, freeze_parts, frozen_copy, human_bytes
+from ._host_memory import HostMemory
 from ._targets import Target
 
 # An index as (start, stop) per axis: hashable, and the same for equal slices

@@ -18,13 +18,12 @@ class ConstStats:
     """Accounting for one constant (`x.stats()`).
 
     Attributes:
-        host_bytes: bytes of the frozen host buffer (of a constant bigger than one
-            host: of the slices this process holds), counted once whether it is
-            pageable or page-locked.
-        host_memory: where the host buffer lives: `"pinned"` (page-locked) or `"pageable"`.
+        host_bytes: bytes of host memory held for the constant: its frozen NumPy
+            buffer (of a constant bigger than one host: the slices this process
+            holds) and, with `host_memory="pinned"`, its page-locked copy once made.
+        host_memory: what transfers read: `"pinned"` (a page-locked copy) or `"pageable"`.
         device_bytes: bytes of cached device buffers, per device (device memory:
-            a copy made from a page-locked host buffer counts here, the host
-            buffer itself does not).
+            the page-locked copy is host memory, counted in `host_bytes`).
         transfers: host-to-device transfers made so far: one per device buffer
             filled from the host data (a placement on N devices counts N,
             replicated or sharded).
@@ -57,9 +56,10 @@ class Stats:
 
     Attributes:
         live_constants: constants alive now (constants sharing one buffer count once).
-        host_bytes: bytes of their frozen host buffers in this process (a constant
-            bigger than one host counts the slices this process holds).
-        pinned_bytes: of those, bytes in page-locked memory (`host_memory="pinned"`).
+        host_bytes: bytes of host memory held for them in this process: frozen
+            buffers (a constant bigger than one host counts the slices this process
+            holds) and page-locked copies.
+        pinned_bytes: of those, bytes of page-locked copies (`host_memory="pinned"`).
         device_bytes: bytes of their cached device buffers, per device.
         aliased_bytes: of those, bytes that alias the host buffers (CPU zero-copy).
         transfers: host-to-device transfers made, by these and by constants
@@ -176,7 +176,7 @@ def stats() -> Stats:
     return Stats(
         live_constants=len(stores),
         host_bytes=sum(s.host_nbytes for s in stores),
-        pinned_bytes=sum(s.host_nbytes for s in stores if s.host_memory == "pinned"),
+        pinned_bytes=sum(s.memory.nbytes for s in stores),
         device_bytes=types.MappingProxyType(_per_device(buffers)),
         aliased_bytes=aliased,
         transfers=STATE.retired_transfers + sum(s.transfers for s in stores),

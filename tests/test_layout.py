@@ -15,7 +15,7 @@ LAYERS = [
     ["_compat"],
     ["_dtypes"],
     ["_convert"],
-    ["_host", "_targets", "_frames", "_jaxprs"],
+    ["_host", "_host_memory", "_targets", "_frames", "_jaxprs"],
     ["_cache", "_refusals"],
     ["_partial", "_derived", "_stats", "_hoist"],
     ["_frozen"],
@@ -31,7 +31,8 @@ LAYERS = [
 # (`_audit`, `_guard`, the command line) or of the framework glue: the jit side plugs in through
 # `_install` (the `_cache.STATE.dropped` seam, JAX's lowering functions).
 CORE = [
-    "_errors", "_fingerprint", "_compat", "_refusals", "_dtypes", "_convert", "_host", "_targets",
+    "_errors", "_fingerprint", "_compat", "_refusals", "_dtypes", "_convert", "_host", "_host_memory",
+    "_targets",
     "_frames", "_jaxprs", "_cache", "_partial", "_derived", "_stats", "_frozen",
 ]  # fmt: skip
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}
