@@ -69,7 +69,7 @@ QUICK_CODEGEN := XLA_FLAGS="--xla_backend_optimization_level=0 $${XLA_FLAGS:-}"
   pytest-311 pytest-311-default pytest-311-simplified pytest-312 pytest-312-default pytest-312-simplified \
   pytest-floor pytest-floor-default pytest-floor-simplified pytest-middle pytest-middle-default \
   pytest-middle-simplified bench bench-compare \
-  gpu gpu-bundle gpu-results clean
+  device device-bundle device-results gpu gpu-bundle gpu-results clean
 
 $(VENV311)/.installed: pyproject.toml
 	@test -n "$(PYTHON311)" || { echo "error: no Python 3.11 found; set PYTHON311=/path/to/python3.11" >&2; exit 1; }
@@ -250,34 +250,33 @@ bench-compare: $(VENV311)/.installed
 	$(VENV311)/bin/python -m benchmarks compare $(BASE)
 
 # On an accelerator (CONTRIBUTING.md, "On an accelerator"). The device tool is no shell
-# command: a session calls it. `make gpu` builds the bundle that call carries (.gpu/: the
-# wheel, beartype's wheel, which the device image lacks, and the commit) and prints the
-# call; `tools/gpu-run` runs there; `make gpu-results FROM=<files_at>` brings back the
-# accelerator section's files and a summary of the suite into docs/results/.
-GPU_BUNDLE := .gpu
-GPU_CALL := run(command="bash tools/gpu-run", carry=[".gpu"], timeout_s=420)
+# command: a session calls it. `make device` builds the bundle that call carries (.device/: the
+# wheel, the wheels the machine's own index lacks, the commit) and prints the call;
+# `tools/device-run` runs there (a TPU or a GPU: the suite on the chip under both pipelines, one
+# process at a time, the subprocess tests on the CPU beside it, and the accelerator and anyjit
+# sections); `make device-results FROM=<files_at>` brings the sections' files and a summary of the
+# suite into docs/results/.
+DEVICE_BUNDLE := .device
+DEVICE_CALL := run(command="bash tools/device-run", carry=[".device"], timeout_s=600)
 
-gpu-bundle: $(VENV311)/.installed
-	rm -rf $(GPU_BUNDLE)
-	mkdir -p $(GPU_BUNDLE)
-	$(VENV311)/bin/python -m build --wheel --outdir $(GPU_BUNDLE) . > /dev/null
-	$(VENV311)/bin/python -m pip download $(PIP_FLAGS) --no-deps --only-binary=:all: -d $(GPU_BUNDLE) \
-	  "beartype==$$($(VENV311)/bin/python -c 'import beartype; print(beartype.__version__)')" \
-	  || echo "warning: no beartype wheel: its one test skips on the device" >&2
-	{ git rev-parse --short HEAD; git diff --quiet HEAD -- || echo "with uncommitted changes"; } \
-	  | paste -sd' ' > $(GPU_BUNDLE)/COMMIT
-	@ls -l $(GPU_BUNDLE)
+device-bundle: $(VENV311)/.installed
+	$(VENV311)/bin/python tools/device-bundle $(DEVICE_BUNDLE)
 
-gpu: gpu-bundle
+device: device-bundle
 	@echo
-	@echo "The bundle is in $(GPU_BUNDLE)/. Now make this device-tool call (it is no shell command):"
-	@echo '  $(GPU_CALL)'
-	@echo "about 7 minutes of device time (the machine's start, then at most 330 s of command);"
-	@echo "then, with the files_at folder its reply names:  make gpu-results FROM=<files_at>"
+	@echo "The bundle is in $(DEVICE_BUNDLE)/. Now make this device-tool call (it is no shell command):"
+	@echo '  $(DEVICE_CALL)'
+	@echo "about 11 minutes of device time (the machine's start, then at most 560 s of command);"
+	@echo "then, with the files_at folder its reply names:  make device-results FROM=<files_at>"
 
-gpu-results:
+device-results:
 	@test -n "$(FROM)" || { echo "error: FROM=<the files_at folder of the device run>" >&2; exit 1; }
-	python3 tools/gpu-results "$(FROM)" docs/results
+	python3 tools/device-results "$(FROM)" docs/results
+
+# The names of an earlier release of these targets.
+gpu: device
+gpu-bundle: device-bundle
+gpu-results: device-results
 
 clean:
-	rm -rf $(VENV311) $(VENV312) $(wildcard .venv-py3*) $(VENVFLOOR) $(VENVMIDDLE) .venv-wheel .dist $(DOCS_WHEEL) .site .mypy_cache .ruff_cache $(GPU_BUNDLE)
+	rm -rf $(VENV311) $(VENV312) $(wildcard .venv-py3*) $(VENVFLOOR) $(VENVMIDDLE) .venv-wheel .dist $(DOCS_WHEEL) .site .mypy_cache .ruff_cache $(DEVICE_BUNDLE)

@@ -216,6 +216,12 @@ def main() -> None:
         type=pathlib.Path,
         help="write the results into this folder (default: docs/results; --quick: a new temp folder)",
     )
+    parser.add_argument(
+        "--device",
+        action="store_true",
+        help="anyjit, accelerator: sizes for a lent accelerator's time (`make device`): fewer compiles, "
+        "one process per pipeline for the seed",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="seed runs per configuration (median)")
     parser.add_argument(
         "--rss-limit-gib",
@@ -228,6 +234,8 @@ def main() -> None:
         parser.error("a revision goes with the compare section, and only with it: compare REV")
     if args.small and args.section != "accelerator":
         parser.error("--small goes with the accelerator section; the others take --quick")
+    if args.device and args.section not in ("accelerator", "anyjit"):
+        parser.error("--device goes with the accelerator and anyjit sections")
     docs = results_folder(args.quick, args.out)
     docs.mkdir(parents=True, exist_ok=True)  # a new --out folder: made before an hour of measuring
     limit = int(args.rss_limit_gib * 2**30) if args.rss_limit_gib else None
@@ -236,7 +244,7 @@ def main() -> None:
         "seed-real": lambda: seed_real.main(args.quick, docs, limit),
         "core": lambda: core.main(args.quick, docs),
         "constants": lambda: constants.main(args.quick, docs),
-        "anyjit": lambda: anyjit.main(args.quick, docs),
+        "anyjit": lambda: anyjit.main(args.quick, docs, device=args.device),
         "training": lambda: training.main(args.quick, docs),
         "finetune": lambda: finetune.main(args.quick, docs),
         "disk": lambda: disk.main([64] if args.quick else [256, 1024], docs),  # up to 1 GiB in a temp dir
@@ -247,7 +255,7 @@ def main() -> None:
         # Not in "all": a check for a change, against a revision; and the
         # accelerator's section, whose files are the accelerator's (`make gpu`).
         "compare": lambda: compare.main(args.rev, args.quick, docs, args.pairs),
-        "accelerator": lambda: accelerator.main(args.small or args.quick, docs),
+        "accelerator": lambda: accelerator.main(args.small or args.quick, docs, device=args.device),
     }
     took = {}
     for name, run in sections.items():

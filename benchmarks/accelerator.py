@@ -16,9 +16,11 @@ process per part, so no part inherits another's device memory or warm caches.
 - Host mutation during asynchronous transfer: the source written right after
   `jax.device_put` returns, and from a thread while a FrozenConst is built.
 - The first transfer in GB/s for each host-memory choice that the installed
-  frozenconst offers, against `jax.device_put` of the same NumPy array, and the
-  construction time of each; `stats()` against `memory_stats()` as a constant is
-  built, transferred and evicted.
+  frozenconst offers, and the transfer again after `evict()`, against
+  `jax.device_put` of the same NumPy array (its first and its repeated transfer),
+  the construction time of each, and the floors of page-locked memory (the device
+  reading a page-locked `jax.Array`; filling one from NumPy and from the device);
+  `stats()` against `memory_stats()` as a constant is built, transferred and evicted.
 - Per call against the number of constants, and cache hits.
 
 Variants are timed in an order shuffled each round (a fixed order gave the 2nd and
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import gc
 import inspect
 import json
@@ -260,15 +263,22 @@ def mutation(mib: int, trials: int) -> list[dict[str, Any]]:
 
 
 def transfer(sizes_mib: list[int], reps: int, choices: list[str], rng_seed: int) -> dict[str, Any]:
-    """First transfer (GB/s) and construction (s) per host-memory choice, against `jax.device_put`
-    of the same NumPy array; and `stats()` against `memory_stats()` for one constant."""
+    """First transfer and transfer again (GB/s) and construction (s) per host-memory choice,
+    against `jax.device_put` of the same NumPy array (first and repeated); the floors of
+    page-locked memory (the device reading a page-locked `jax.Array`, and filling one from NumPy
+    or from the device); and `stats()` against `memory_stats()` for one constant."""
     import jax
+    from jax.sharding import SingleDeviceSharding
 
     import frozenconst
     from frozenconst import FrozenConst
 
+    device = jax.local_devices()[0]
+    on_device = SingleDeviceSharding(device)
+    page_locked = SingleDeviceSharding(device, memory_kind="pinned_host")
     rng = random.Random(rng_seed)
     rows = []
+    floors = []
     for mib in sizes_mib:
         data = np.random.default_rng(mib).standard_normal(mib * MIB // 4, dtype=np.float32)
         # name -> the keywords of `FrozenConst(a, **keywords)`, or None for `jax.device_put(a)`.
@@ -277,29 +287,73 @@ def transfer(sizes_mib: list[int], reps: int, choices: list[str], rng_seed: int)
             cases[f"FrozenConst(a, host_memory={choice!r})"] = {"host_memory": choice}
         if not choices:
             cases["FrozenConst(a)"] = {}
-        transfer_s: dict[str, list[float]] = {name: [] for name in cases}
+        first_s: dict[str, list[float]] = {name: [] for name in cases}
+        again_s: dict[str, list[float]] = {name: [] for name in cases}
         build_s: dict[str, list[float]] = {name: [] for name in cases}
+        floor_s: dict[str, list[float]] = {}
+
+        def timed(call: Callable[[], Any]) -> float:
+            start = time.perf_counter()
+            out = call()
+            jax.block_until_ready(out)  # type: ignore[no-untyped-call]  # unannotated in jax 0.10
+            took = time.perf_counter() - start
+            del out
+            return took
+
         for _ in range(reps):
-            for name in shuffled(list(cases), rng):
-                keywords = cases[name]
+            for name in shuffled([*cases, "floors"], rng):
                 # A fresh NumPy array each sample (JAX moves an array it has seen faster), off
                 # the 64-byte grid, so the CPU backend copies it as an accelerator does (jax #37830).
                 source = copy_at(data, 16)
                 gc.collect()
+                if name == "floors":
+                    put = jax.device_put(source, on_device)
+                    put.block_until_ready()
+                    try:
+                        locked = jax.device_put(put, page_locked)
+                        locked.block_until_ready()
+                    except Exception:  # a backend without page-locked memory: no floors
+                        continue
+                    samples = {
+                        "the device reads a page-locked jax.Array": (locked, on_device),
+                        "page-locked memory filled from NumPy": (source, page_locked),
+                        "page-locked memory filled from the device": (put, page_locked),
+                    }
+                    for floor, (what, where) in samples.items():
+                        floor_s.setdefault(floor, []).append(
+                            timed(functools.partial(jax.device_put, what, where))
+                        )
+                    del put, locked, samples
+                    continue
+                keywords = cases[name]
                 start = time.perf_counter()
                 held = source if keywords is None else FrozenConst(source, **keywords)
                 built = time.perf_counter()
                 out = jax.device_put(held) if keywords is None else held.__jax_array__()
                 out.block_until_ready()
                 done = time.perf_counter()
-                del out, held, source
-                build = keywords is not None
-                if build:
+                del out
+                if keywords is None:
+                    again = timed(
+                        functools.partial(jax.device_put, source)
+                    )  # JAX moving an array it has seen
+                else:
                     build_s[name].append(built - start)
-                transfer_s[name].append(done - built)
-        base = statistics.median(transfer_s["jax.device_put(a)"])
+                    # Transferred again after `evict()`: the second transfer, untimed, waits for
+                    # whatever the first one started (a page-locked copy); the third is timed.
+                    held.evict()
+                    held.__jax_array__().block_until_ready()
+                    held.evict()
+                    again = timed(held.__jax_array__)
+                first_s[name].append(done - built)
+                again_s[name].append(again)
+                del held, source
+        base, base_again = (
+            statistics.median(first_s["jax.device_put(a)"]),
+            statistics.median(again_s["jax.device_put(a)"]),
+        )
         for name in cases:
-            t = statistics.median(transfer_s[name])
+            t, t_again = statistics.median(first_s[name]), statistics.median(again_s[name])
             rows.append(
                 {
                     "mib": mib,
@@ -307,9 +361,16 @@ def transfer(sizes_mib: list[int], reps: int, choices: list[str], rng_seed: int)
                     "transfer_ms": t * 1e3,
                     "gbs": mib * MIB / t / 1e9,
                     "x_device_put": base / t,
+                    "again_ms": t_again * 1e3,
+                    "again_gbs": mib * MIB / t_again / 1e9,
+                    "again_x_device_put": base / t_again,
+                    "again_x_device_put_repeated": base_again / t_again,
                     "construction_ms": statistics.median(build_s[name]) * 1e3 if build_s[name] else None,
                 }
             )
+        for floor, times in floor_s.items():
+            t = statistics.median(times)
+            floors.append({"mib": mib, "floor": floor, "ms": t * 1e3, "gbs": mib * MIB / t / 1e9})
         del data
 
     # The library's own accounting against the device's counters, for one constant.
@@ -333,7 +394,13 @@ def transfer(sizes_mib: list[int], reps: int, choices: list[str], rng_seed: int)
     gc.collect()
     steps.append(("evicted", in_use(), ours()))
     accounting = [{"stage": s, "device_bytes_in_use": d, "stats_device_bytes": o} for s, d, o in steps]
-    return {"rows": rows, "choices": choices, "accounting": accounting, "accounting_mib": mib}
+    return {
+        "rows": rows,
+        "floors": floors,
+        "choices": choices,
+        "accounting": accounting,
+        "accounting_mib": mib,
+    }
 
 
 def per_call(ks: list[int], rounds: int, block_s: float, rng_seed: int) -> list[dict[str, Any]]:
@@ -452,8 +519,50 @@ def seed_runs(
     return rows
 
 
+def seed_per_pipeline(small: bool, rng: random.Random, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every variant of the seed, in one fresh process per pipeline (a lent accelerator's time:
+    each process that opens a TPU costs 6 to 15 s): live copies, device bytes in use after each
+    variant's steps, HLO bytes and times; the peak of one process spans its variants, so it is
+    left out."""
+    import jax
+
+    layers, mib = sizes(small)["seed"]
+    simplified = hasattr(jax.config, "jax_use_simplified_jaxpr_constants")
+    for pipeline in seed.PIPELINES:
+        if pipeline == "simplified" and not simplified:
+            continue
+        jobs = [(variant, layers, mib) for variant in shuffled(list(seed_real.VARIANTS), rng)]
+        try:
+            measured = seed.run_in_subprocess(pipeline, jobs, 3)
+        except RuntimeError as err:  # the worker failed outright: its last words
+            last = str(err).strip().splitlines()[-1][:300]
+            measured = [
+                {
+                    "variant": v,
+                    "pipeline": pipeline,
+                    "layers": layers,
+                    "mib": mib,
+                    "outcome": f"failed: {last}",
+                }
+                for v, _, _ in jobs
+            ]
+        for row in measured:
+            if "environment" in row:
+                continue
+            row.setdefault("outcome", "ok")
+            row["device_peak_bytes"] = None  # one process for every variant: no peak of its own
+            print(f"  seed {pipeline:10s} {row['variant']:20s} {row['outcome']}", flush=True)
+            rows.append(row)
+    order = [(p, v) for p in seed.PIPELINES for v in seed_real.VARIANTS]
+    rows.sort(key=lambda r: order.index((r["pipeline"], r["variant"])))
+    return rows
+
+
 def run(
-    small: bool, rng_seed: int = 0, checkpoint: Callable[[dict[str, Any]], None] | None = None
+    small: bool,
+    rng_seed: int = 0,
+    checkpoint: Callable[[dict[str, Any]], None] | None = None,
+    device: bool = False,
 ) -> dict[str, Any]:
     """Every part, each in fresh interpreters; the results as one JSON-ready dict.
 
@@ -492,7 +601,10 @@ def run(
     results["transfer"]["asked"] = list(HOST_MEMORY)
     done()
     results["seed"] = []
-    timed("seed", lambda: seed_runs(small, rng, results["seed"], done))
+    if device:
+        timed("seed", lambda: seed_per_pipeline(small, rng, results["seed"]))
+    else:
+        timed("seed", lambda: seed_runs(small, rng, results["seed"], done))
     done()
     results["per_call"], _ = timed(
         "per call",
@@ -557,15 +669,26 @@ def mutation_table(rows: list[dict[str, Any]]) -> str:
 
 def transfer_table(result: dict[str, Any]) -> str:
     lines = [
-        "| MiB | first transfer of | ms | GB/s | x `jax.device_put` | construction ms |",
-        "|---:|---|---:|---:|---:|---:|",
+        "| MiB | of | first transfer ms | GB/s | x `jax.device_put` | again ms | GB/s "
+        "| x `jax.device_put` first / repeated | construction ms |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         build = "" if r["construction_ms"] is None else f"{r['construction_ms']:.1f}"
+        again = (
+            f"| {r['again_ms']:.2f} | {r['again_gbs']:.2f} "
+            f"| {r['again_x_device_put']:.2f} / {r['again_x_device_put_repeated']:.2f} "
+            if "again_ms" in r
+            else "| | | "
+        )
         lines.append(
             f"| {r['mib']} | `{r['case']}` | {r['transfer_ms']:.2f} | {r['gbs']:.2f} "
-            f"| {r['x_device_put']:.2f} | {build} |"
+            f"| {r['x_device_put']:.2f} {again}| {build} |"
         )
+    floors = result.get("floors", [])
+    if floors:
+        lines += ["", "| MiB | floor | ms | GB/s |", "|---:|---|---:|---:|"]
+        lines += [f"| {f['mib']} | {f['floor']} | {f['ms']:.2f} | {f['gbs']:.2f} |" for f in floors]
     return "\n".join(lines)
 
 
@@ -638,6 +761,14 @@ def summary(results: dict[str, Any]) -> str:
             f"first transfer of {largest} MiB: `{best['case']}` at {best['x_device_put']:.2f}x "
             "jax.device_put's GB/s"
         )
+        pinned = [r for r in rows if r["mib"] == largest and "pinned" in r["case"] and "again_ms" in r]
+        if pinned:
+            r = pinned[0]
+            parts.append(
+                f"transferred again (after `evict()`), a pinned constant of {largest} MiB at "
+                f"{r['again_gbs']:.1f} GB/s: {r['again_x_device_put']:.2f}x jax.device_put's first "
+                f"transfer, {r['again_x_device_put_repeated']:.2f}x its repeated one"
+            )
     if "per_call" in results:
         parts.append(
             "frozenconst.jit per call against the better jax.jit form: "
@@ -801,13 +932,15 @@ def plot(results: dict[str, Any], path: pathlib.Path) -> None:
     plt.close(fig)
 
 
-def main(small: bool, docs: pathlib.Path) -> dict[str, Any]:
+def main(small: bool, docs: pathlib.Path, device: bool = False) -> dict[str, Any]:
     """Measure every part; write accelerator-results.md, .json and accelerator.png into `docs`.
 
     The JSON is written after each part; stopped early (Ctrl-C, `tools/gpu-run`'s time
     limit), the three files hold the parts that finished.
     """
-    command = "python -m benchmarks accelerator" + (" --small" if small else "")
+    command = (
+        "python -m benchmarks accelerator" + (" --small" if small else "") + (" --device" if device else "")
+    )
     docs.mkdir(parents=True, exist_ok=True)
     finished: dict[str, Any] = {}
 
@@ -816,7 +949,7 @@ def main(small: bool, docs: pathlib.Path) -> dict[str, Any]:
         (docs / "accelerator-results.json").write_text(json.dumps({"command": command, **results}, indent=1))
 
     try:
-        run(small, checkpoint=save)
+        run(small, checkpoint=save, device=device)
     except KeyboardInterrupt:
         print("stopped: writing the parts that finished", flush=True)
         if "mutation" not in finished:
@@ -833,10 +966,11 @@ if __name__ == "__main__":  # pragma: no cover
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--small", action="store_true", help="small sizes (a CPU smoke run)")
+    parser.add_argument("--device", action="store_true", help="one process per pipeline for the seed")
     parser.add_argument("--out", type=pathlib.Path, default=DOCS, help="where to write")
     parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         _worker(args.worker)
     else:
-        main(args.small, args.out)
+        main(args.small, args.out, device=args.device)

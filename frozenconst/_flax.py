@@ -38,13 +38,19 @@ def _from_state(template: FrozenConst, state: Any) -> FrozenConst:
         if (
             restored.dtype == host.dtype
             and restored.shape == host.shape
-            and np.array_equal(restored.reshape(-1).view(np.uint8), host.reshape(-1).view(np.uint8))
+            and np.array_equal(_bytes_of(restored), _bytes_of(host))
         ):
             # The template's own constant holds these bytes: keep it (its device
             # buffers too), as `tree_unflatten` keeps a constant rebuilt from its buffer.
             return template
     # In the dtype it was saved in (float64 stays float64 whatever the x64 setting here).
     return FrozenConst(restored, restored.dtype)
+
+
+def _bytes_of(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    # Contiguous first: a NumPy view of a device buffer may be strided (a TPU's layout), and
+    # only a contiguous last axis can be viewed as bytes.
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
 
 def register_flax() -> None:

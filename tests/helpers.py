@@ -42,6 +42,13 @@ def on_cpu() -> bool:
     return jax.default_backend() == "cpu"
 
 
+def embed_limit() -> int:
+    """frozenconst's documented default `embed_max_bytes` on the default backend (docs: "Which
+    jit"): a FrozenConst of at most this many bytes stays embedded under JAX's default pipeline,
+    1 KiB on the CPU and 4 KiB on an accelerator, where each parameter costs more per call."""
+    return 1024 if on_cpu() else 4096
+
+
 def requires_cpu(fact: str) -> None:
     """Skip the calling test, with the reason, unless JAX's default backend is the CPU:
     `fact` (a key of `CPU_ONLY`) holds only there."""

@@ -317,7 +317,9 @@ def test_a_numpyro_sampler_compiles_its_log_density_without_the_observed_data():
 
     def run(*args, closed=None):
         fun = model if closed is None else (lambda: model(*closed))  # the data closed over, or passed
-        with lowered_programs() as texts:
+        # At full float32 precision: an accelerator's default (bfloat16 passes on a TPU) lets the
+        # embedded program, which XLA compiles apart, drift further over the chain than 1e-4.
+        with lowered_programs() as texts, jax.default_matmul_precision("highest"):
             mcmc = MCMC(NUTS(fun), num_warmup=30, num_samples=30, progress_bar=False)
             mcmc.run(jax.random.key(0), *args)
         return np.asarray(mcmc.get_samples()["w"]), max(len(t) for t in texts)

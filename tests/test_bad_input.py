@@ -37,8 +37,31 @@ def _bits(a) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(a)).reshape(-1).view(np.uint8)
 
 
+# Conversions the default backend's compiler aborts the whole process on instead of raising:
+# XLA's TPU compiler dies (SIGILL) compiling a conversion into a 2-bit integer (TPU v5e, jax
+# 0.10.2, libtpu 0.0.42.1). The reference for such a target is JAX's conversion on its CPU
+# backend, the same function of the same values.
+_ABORTING_TARGETS = {"tpu": {"int2", "uint2"}}
+
+
+def _reference_device(dtype):
+    """The device `jnp.asarray(obj, dtype=dtype)` is computed on: the CPU where the default
+    backend would abort on the conversion, else the default device (None)."""
+    if dtype is not None and np.dtype(dtype).name in _ABORTING_TARGETS.get(jax.default_backend(), ()):
+        return jax.devices("cpu")[0]
+    return None
+
+
 def _reference(obj, dtype):
     """(jnp.asarray(obj, dtype=dtype), None), or (None, what it raised)."""
+    device = _reference_device(dtype)
+    if device is not None:
+        with jax.default_device(device):
+            return _reference_here(obj, dtype)
+    return _reference_here(obj, dtype)
+
+
+def _reference_here(obj, dtype):
     with warnings.catch_warnings():
         # Its "int64 is not available" UserWarning and NumPy's cast RuntimeWarnings.
         warnings.simplefilter("ignore")

@@ -29,8 +29,8 @@ DERIVED = "not the constant's own buffer"
 def _untouched(const, data):
     """The constant itself: bitwise its data, one device buffer, one transfer."""
     assert const.is_concrete
-    np.testing.assert_array_equal(np.asarray(const).view(np.uint8), data.view(np.uint8))
-    np.testing.assert_array_equal(np.asarray(jnp.asarray(const)).view(np.uint8), data.view(np.uint8))
+    np.testing.assert_array_equal(np.ascontiguousarray(const).view(np.uint8), data.view(np.uint8))
+    np.testing.assert_array_equal(np.ascontiguousarray(jnp.asarray(const)).view(np.uint8), data.view(np.uint8))
     assert live_copies(data) == 1
     assert const.stats().transfers == 1
 
@@ -133,7 +133,7 @@ def test_flax_nnx_tutorial_step_keeps_values_and_warns_at_the_first_step():
         with pytest.warns(FrozenConstWarning, match=DERIVED):  # each step writes a copy back
             train_step(net, optimizer, jnp.ones((3, 16)))
     # Never trained (not an nnx.Param): the values hold, in the copy nnx.jit wrote back.
-    np.testing.assert_array_equal(np.asarray(net.pos).view(np.uint8), data.view(np.uint8))
+    np.testing.assert_array_equal(np.ascontiguousarray(net.pos).view(np.uint8), data.view(np.uint8))
     assert not net.pos.is_concrete
     # frozenconst.jit keeps the copy out of the program, as it keeps the constant out.
     before = _program_bytes(jax.jit(lambda v: net(v)).lower(jnp.ones((3, 16))))

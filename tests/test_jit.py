@@ -43,7 +43,7 @@ def _layers(const, n):
 @pytest.mark.parametrize("n_uses", [1, 10])
 def test_program_holds_no_constant_data(n_uses):
     w = jnp.ones((64, 4))
-    small = FrozenConst(unique_data((8, 64)))  # 2 KiB: above `embed_max_bytes`
+    small = FrozenConst(unique_data((32, 64)))  # 8 KiB: above `embed_max_bytes` on every backend
     large = FrozenConst(unique_data((65536, 64)))  # 16 MiB
     small_hlo = _hlo_size(frozenconst.jit(_layers(small, n_uses)), w)
     large_hlo = _hlo_size(frozenconst.jit(_layers(large, n_uses)), w)
