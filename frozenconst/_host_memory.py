@@ -110,7 +110,7 @@ class Pinned:
 
     @property
     def name(self) -> str:
-        """"pinned"; "pageable" once the device turned out to offer no page-locked memory."""
+        """ "pinned"; "pageable" once the device turned out to offer no page-locked memory."""
         return "pinned" if self.offered else "pageable"
 
     @property

@@ -30,7 +30,8 @@ def _untouched(const, data):
     """The constant itself: bitwise its data, one device buffer, one transfer."""
     assert const.is_concrete
     np.testing.assert_array_equal(np.ascontiguousarray(const).view(np.uint8), data.view(np.uint8))
-    np.testing.assert_array_equal(np.ascontiguousarray(jnp.asarray(const)).view(np.uint8), data.view(np.uint8))
+    on_device = np.ascontiguousarray(jnp.asarray(const))
+    np.testing.assert_array_equal(on_device.view(np.uint8), data.view(np.uint8))
     assert live_copies(data) == 1
     assert const.stats().transfers == 1
 

@@ -159,7 +159,7 @@ def test_pinned_makes_its_page_locked_copy_at_the_first_transfer_and_reads_it_af
     y = FrozenConst(data, host_memory="pageable")
     jnp.asarray(y)
     y.evict()
-    with _no_host_to_device(), pytest.raises(Exception, match="(?i)disallowed host-to-device"):
+    with _no_host_to_device(), pytest.raises(Exception, match=r"(?i)disallowed host-to-device"):
         jnp.asarray(y)
 
 
@@ -274,7 +274,10 @@ def test_from_callback_assembled_whole_is_pinned_where_asked():
 @needs_pinned
 @pytest.mark.parametrize(
     ("dtype", "x64"),
-    [(jnp.int4, False), (jnp.float4_e2m1fn, False), (np.float64, False), (np.float64, True), (np.int64, True)],
+    [
+        *((jnp.int4, False), (jnp.float4_e2m1fn, False)),
+        *((np.float64, False), (np.float64, True), (np.int64, True)),
+    ],
     ids=["int4", "float4", "float64 without x64", "float64 with x64", "int64 with x64"],
 )
 def test_pinned_holds_every_dtype_jax_holds_in_the_device_dtype_without_a_warning(dtype, x64):

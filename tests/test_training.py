@@ -23,7 +23,8 @@ from frozenconst import FrozenConst
 
 def _assert_untouched(const, data):
     np.testing.assert_array_equal(np.ascontiguousarray(const).view(np.uint8), data.view(np.uint8))  # bitwise
-    np.testing.assert_array_equal(np.ascontiguousarray(jnp.asarray(const)).view(np.uint8), data.view(np.uint8))
+    on_device = np.ascontiguousarray(jnp.asarray(const))
+    np.testing.assert_array_equal(on_device.view(np.uint8), data.view(np.uint8))
     assert live_copies(data) == 1  # one device buffer, observed through jax.live_arrays()
     assert const.stats().transfers == 1
 
