@@ -17,7 +17,7 @@
     python -m benchmarks compare REV     # the core section's per-call figures: git revision REV's
                                          # frozenconst against the working tree's (not part of "all")
     python -m benchmarks accelerator     # device memory, mutation, first transfer per host-memory
-                                         # choice, per call, cache hits (`make gpu`; not part of "all":
+                                         # choice, per call, cache hits (`make device`; not part of "all":
                                          # its files are the accelerator's); --small: a CPU smoke run
     python -m benchmarks --quick         # smaller sweeps (a smoke run), written into a new
                                          # temporary folder: docs/results keeps the full run's
@@ -253,7 +253,7 @@ def main() -> None:
         "static-slices": lambda: static_slices.main(docs),  # HLO bytes only: the same with --quick
         "export": lambda: export.main([1, 64] if args.quick else [1, 64, 2560], docs),
         # Not in "all": a check for a change, against a revision; and the
-        # accelerator's section, whose files are the accelerator's (`make gpu`).
+        # accelerator's section, whose files are the accelerator's (`make device`).
         "compare": lambda: compare.main(args.rev, args.quick, docs, args.pairs),
         "accelerator": lambda: accelerator.main(args.small or args.quick, docs, device=args.device),
     }

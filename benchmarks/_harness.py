@@ -51,7 +51,7 @@ def source_revision(module_file: str) -> str:
     """The git commit a module was imported from, `-dirty` when its checkout has uncommitted
     changes to the code measured (`frozenconst/`, `benchmarks/`); else why there is none.
 
-    A copy without `.git` (the accelerator's, `tools/gpu-run`) is told its commit
+    A copy without `.git` (the accelerator's, `tools/device-run`) is told its commit
     in `FROZENCONST_COMMIT`.
     """
     if os.environ.get("FROZENCONST_COMMIT"):

@@ -4,7 +4,7 @@
     python -m benchmarks accelerator --small    # small sizes: the CPU smoke run of `make test` (< 1 min)
     python -m benchmarks accelerator --out DIR  # write the three files into DIR instead
 
-Made for an accelerator (`make gpu`, CONTRIBUTING.md "On an accelerator"); it runs
+Made for an accelerator (`make device`, CONTRIBUTING.md "On an accelerator"); it runs
 on the CPU backend too, where device buffers are host memory. Every measurement
 runs in a fresh interpreter: the seed per variant and pipeline, the rest one
 process per part, so no part inherits another's device memory or warm caches.
@@ -101,7 +101,7 @@ def offered_host_memory(wanted: tuple[str, ...] = HOST_MEMORY) -> list[str]:
 
 
 def _commit() -> str:
-    # The device machine gets the working tree without .git: `tools/gpu-run` passes the
+    # The device machine gets the working tree without .git: `tools/device-run` passes the
     # commit the bundle was built from.
     if os.environ.get("FROZENCONST_COMMIT"):
         return os.environ["FROZENCONST_COMMIT"]
@@ -935,7 +935,7 @@ def plot(results: dict[str, Any], path: pathlib.Path) -> None:
 def main(small: bool, docs: pathlib.Path, device: bool = False) -> dict[str, Any]:
     """Measure every part; write accelerator-results.md, .json and accelerator.png into `docs`.
 
-    The JSON is written after each part; stopped early (Ctrl-C, `tools/gpu-run`'s time
+    The JSON is written after each part; stopped early (Ctrl-C, `tools/device-run`'s time
     limit), the three files hold the parts that finished.
     """
     command = (

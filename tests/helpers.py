@@ -19,7 +19,7 @@ TIMEOUT_S = 240
 
 # -- what holds only on JAX's CPU backend ------------------------------------------
 # The suite checks each promise on whatever device runs it (an accelerator under
-# `tools/gpu-run`). A few facts hold only where JAX's default backend is the CPU;
+# `tools/device-run`). A few facts hold only where JAX's default backend is the CPU;
 # a test checks one only behind `requires_cpu(fact)` or `if on_cpu():`, or in a
 # subprocess started with `subprocess_env("cpu")`. tests/test_device_neutral.py
 # checks that every such read is guarded.

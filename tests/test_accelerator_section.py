@@ -1,6 +1,6 @@
 """The accelerator benchmark section at its small size, on whatever backend runs the suite.
 
-`make gpu` runs `python -m benchmarks accelerator` on an accelerator; no CI machine has
+`make device` runs `python -m benchmarks accelerator` on an accelerator; no CI machine has
 one, so this runs the same section, small, as a user runs it (from the checkout's root,
 in a bounded subprocess), and checks what it writes: the command cannot rot while no
 device is available. Behaviour, not time: no figure here is a timing.

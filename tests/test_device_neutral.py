@@ -1,6 +1,6 @@
 """The suite runs on any device: every read of a CPU-only fact is guarded.
 
-On an accelerator (`tools/gpu-run`) each test checks its promise there and skips, with
+On an accelerator (`tools/device-run`) each test checks its promise there and skips, with
 the reason, only what holds on JAX's CPU backend alone (`helpers.CPU_ONLY`). This
 reads every test source for those facts: aliasing of host and device memory, host
 RSS counters, CPU devices made in a process, platform checks made by hand, and
