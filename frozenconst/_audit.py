@@ -14,14 +14,14 @@ import numpy as np
 from ._cache import OWNER_REFS, STATE
 from ._compat import SIMPLIFIED_CONSTANTS, numpy_of, simplified_hoists
 from ._fingerprint import fingerprint
-from ._hoist import EMBED_MAX_BYTES, embed_limit
+from ._hoist import EMBED_MAX_BYTES
 from ._host import human_bytes
 from ._jaxprs import walk, where
 from ._refusals import refused_as_array
 
 Kind = Literal["numpy", "jax", "frozenconst"]
 
-# Constants up to `EMBED_MAX_BYTES` (1 KiB) are not worth a line of advice:
+# Constants up to `EMBED_MAX_BYTES` (4 KiB) are not worth a line of advice:
 # cheaper embedded than passed (JAX itself embeds anything up to
 # `jax_embedded_constants_max_bytes`, 32 bytes, as a literal), and what every jit
 # embeds of a FrozenConst too. Above it, every jit takes a FrozenConst as a
@@ -300,7 +300,7 @@ def _kept_out(value: Any) -> bool:
     if store is None or store.volatile:
         return False
     nbytes: int = getattr(value, "nbytes", 0)
-    return simplified_hoists(value) if SIMPLIFIED_CONSTANTS else nbytes > embed_limit(value)
+    return simplified_hoists(value) if SIMPLIFIED_CONSTANTS else nbytes > EMBED_MAX_BYTES
 
 
 def _describe(value: Any) -> dict[str, Any]:

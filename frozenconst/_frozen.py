@@ -41,6 +41,8 @@ _DL_CPU = 1
 # The platforms whose buffers `jax.Array.__dlpack__` exports (jax 0.8.1 to 0.12: "only supported
 # for CPU and GPU"); a constant on any other exports its frozen host copy.
 _DLPACK_PLATFORMS = frozenset({"cpu", "gpu", "cuda", "rocm"})
+# `x.astype()` without a dtype: passed on as `jax.Array.astype()` takes it.
+_NO_DTYPE: Any = object()
 # The Python scalar types JAX types weakly (`jnp.asarray(0.5)`, `jnp.asarray(3)`, not
 # `jnp.asarray(True)`): exactly these types, as `jax._src.dtypes`' `_weak_types` lists them.
 _WEAK_TYPES = (int, float, complex)
@@ -618,11 +620,13 @@ class FrozenConst(_StaticBase):
         as it takes a `jax.Array`. `api_version` as JAX takes it."""
         return self.__jax_array__().__array_namespace__(api_version=api_version)
 
-    def astype(self, dtype: Any, *args: Any, **kwargs: Any) -> jax.Array:
-        """`jnp.asarray(x).astype(dtype, ...)`, refused with a `FrozenConstTypeError` where the
-        device's compiler would abort the process on the conversion (into int2 or uint2 on a
-        TPU): `FrozenConst(x, dtype=...)` converts on the host instead."""
+    def astype(self, dtype: Any = _NO_DTYPE, copy: bool = False, device: Any = None) -> jax.Array:
+        """`jnp.asarray(x).astype(dtype, copy, device)`, refused with a `FrozenConstTypeError`
+        where the device's compiler would abort the process on the conversion (into int2 or
+        uint2 on a TPU): `FrozenConst(x, dtype=...)` converts on the host instead."""
         array = self.__jax_array__()
+        if dtype is _NO_DTYPE:  # as `jax.Array.astype()` answers it
+            return array.astype(copy=copy, device=device)
         # A traced use compiles for the default backend.
         platforms = (
             {jax.default_backend()} if isinstance(array, Tracer) else {d.platform for d in array.devices()}
@@ -630,7 +634,7 @@ class FrozenConst(_StaticBase):
         if dtype is not None:
             for platform in platforms:
                 check_conversion(platform, np.dtype(dtype), f"x.astype({np.dtype(dtype)})")
-        return array.astype(dtype, *args, **kwargs)
+        return array.astype(dtype, copy=copy, device=device)
 
     def block_until_ready(self) -> FrozenConst:
         """Wait until the cached device buffer is ready; returns `x` itself, as

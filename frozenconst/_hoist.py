@@ -57,26 +57,13 @@ from ._host import human_bytes
 from ._jaxprs import hoist, walk, where
 
 # A FrozenConst of at most this many bytes stays embedded under JAX's default pipeline, as JAX
-# embeds any small array, by the platform its buffer is on: each parameter adds to every call
-# of the program (about 0.4 us on a CPU, 0.6 us on a TPU v5e, `python -m benchmarks anyjit`)
-# where an embedded small table costs nothing per call, only its bytes in the program. On the
-# TPU a call's fixed cost is larger too (about 115 us against a few on the CPU), so programs
-# there are few and their constants many: 1,000 tables of 2 KiB as parameters cost 6.4x the
-# embedded program per call, embedded at most 4 MiB of program per 1,000 of them.
-# `frozenconst.jit(f, embed_max_bytes=N)` sets one threshold for its programs on every
-# platform, and `frozenconst.audit` gives no advice below the threshold.
-EMBED_MAX_BYTES = 1024
-ACCELERATOR_EMBED_MAX_BYTES = 4096
-
-
-def embed_limit(value: Any) -> int:
-    """The bytes up to which a FrozenConst buffer `value` stays embedded by default: 1 KiB on the
-    CPU, 4 KiB on an accelerator."""
-    try:
-        devices = value.devices()
-    except Exception:  # not a concrete buffer: the CPU's, the smaller
-        return EMBED_MAX_BYTES
-    return EMBED_MAX_BYTES if all(d.platform == "cpu" for d in devices) else ACCELERATOR_EMBED_MAX_BYTES
+# embeds any small array: each parameter adds to every call of the program (about 0.25 us on a
+# CPU, 0.6 us on a TPU v5e, `python -m benchmarks anyjit`), where an embedded small table costs
+# nothing per call, only its bytes in the program. 100 tables of 2 KiB as parameters cost 1.7x
+# the embedded program per call on a CPU, 1,000 of them 6.4x on a TPU; embedded, 1,000 tables of
+# 4 KiB add 4 MiB to a program. `frozenconst.jit(f, embed_max_bytes=N)` sets another threshold
+# for its programs, and `frozenconst.audit` gives no advice below it.
+EMBED_MAX_BYTES = 4096
 
 
 class Options:
@@ -86,20 +73,15 @@ class Options:
 
     __slots__ = ("embed_max_bytes", "fun", "named")
 
-    def __init__(self, embed_max_bytes: int | None, fun: Callable[..., Any] | None = None) -> None:
-        # None: each platform's default (`embed_limit`).
+    def __init__(self, embed_max_bytes: int, fun: Callable[..., Any] | None = None) -> None:
         self.embed_max_bytes = embed_max_bytes
         # The wrapped function (None: no wrapper), and whether the other large arrays its
         # programs embed were named (`_name_embedded`, once per function).
         self.fun = fun
         self.named = False
 
-    def limit(self, value: Any) -> int:
-        """The bytes up to which `value` (a FrozenConst buffer) stays embedded in these programs."""
-        return embed_limit(value) if self.embed_max_bytes is None else self.embed_max_bytes
 
-
-_DEFAULT = Options(None)
+_DEFAULT = Options(EMBED_MAX_BYTES)
 # The frames of frozenconst's own wrappers (`JitWrapped.__call__`, `.lower`, `.trace`), each
 # with how to read its options off it: a program lowered below such a frame is that wrapper's.
 # Found by walking up the stack, at lowering only (never on a cached call).
@@ -245,7 +227,7 @@ def _lower_owned(
     for key, use in found.items():
         if use.store.volatile:
             donated = True
-        elif SIMPLIFIED_CONSTANTS or _nbytes(use.value) > options.limit(use.value):
+        elif SIMPLIFIED_CONSTANTS or _nbytes(use.value) > options.embed_max_bytes:
             value = use.value
             if mesh is not None and not value.committed:
                 value = placed[key] = use.store.array(mesh)
@@ -399,7 +381,7 @@ def _name_embedded(closed: Any, options: Options) -> None:
             array: Any = numpy_of(value)
             if array is None and isinstance(value, jax.Array):
                 array = value
-            if array is not None and _nbytes(array) > options.limit(array):
+            if array is not None and _nbytes(array) > options.embed_max_bytes:
                 large.append(array)
     except Exception:  # a program this walk does not understand: nothing said
         return
@@ -410,7 +392,7 @@ def _name_embedded(closed: Any, options: Options) -> None:
     warnings.warn(
         f"frozenconst.jit: `{getattr(fun, '__qualname__', fun)!s}` closes over {names}, which JAX's "
         "default constant pipeline embeds in the compiled program, as jax.jit does (frozenconst "
-        f"keeps out FrozenConsts above {options.limit(large[0])} bytes, `embed_max_bytes`). Wrap "
+        f"keeps out FrozenConsts above {options.embed_max_bytes} bytes, `embed_max_bytes`). Wrap "
         "each once in `frozenconst.FrozenConst`, or pass it as an argument.",
         FrozenConstWarning,
         stacklevel=user_stacklevel(),
@@ -590,7 +572,7 @@ def observe_unhoisted(program: Any, embeds_literals: bool) -> None:
 
 def _warn(uses: list[_Use], why: str, reason: str = "") -> None:
     """Warn once per constant, case (`why`) and line that these constants are embedded, and why."""
-    big = [u for u in uses if _nbytes(u.value) > embed_limit(u.value)]
+    big = [u for u in uses if _nbytes(u.value) > EMBED_MAX_BYTES]
     if not big:
         return
     keys = [f"{why}|{u.line}" for u in big]

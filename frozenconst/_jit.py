@@ -23,7 +23,7 @@ import jax
 from ._errors import FrozenConstTypeError
 from ._frames import hide_own_frames
 from ._frozen import FrozenConst
-from ._hoist import WRAPPER_FRAMES, Options, meet_losses
+from ._hoist import EMBED_MAX_BYTES, WRAPPER_FRAMES, Options, meet_losses
 from ._refusals import refused_as_array
 
 # The wrapped function's parameters and return type, kept for type checkers (`jax.jit`'s own
@@ -35,9 +35,6 @@ _R = TypeVar("_R")
 # made again at most this many times (two threads donating one constant, 1,000 calls each:
 # never twice in a row).
 _MAX_REFEEDS = 8
-
-# `embed_max_bytes` not given: each platform's default.
-_PLATFORMS_DEFAULT: Any = object()
 
 
 def boundary(fun: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -79,10 +76,8 @@ class JitWrapped(Generic[_P, _R]):
         # What the user passed, for copies.
         self._kwargs = dict(jit_kwargs)
         kwargs = dict(jit_kwargs)
-        embed_max_bytes = kwargs.pop("embed_max_bytes", _PLATFORMS_DEFAULT)
-        if embed_max_bytes is _PLATFORMS_DEFAULT:
-            embed_max_bytes = None  # each platform's (`_hoist.embed_limit`)
-        elif isinstance(embed_max_bytes, bool) or not isinstance(embed_max_bytes, int) or embed_max_bytes < 0:
+        embed_max_bytes = kwargs.pop("embed_max_bytes", EMBED_MAX_BYTES)
+        if isinstance(embed_max_bytes, bool) or not isinstance(embed_max_bytes, int) or embed_max_bytes < 0:
             raise FrozenConstTypeError(
                 "frozenconst.jit's `embed_max_bytes` takes a non-negative int (bytes), but received "
                 f"{embed_max_bytes!r}. Pass 0 to pass every FrozenConst as a parameter."
@@ -219,10 +214,9 @@ def jit(fun: Callable[_P, _R] | None = None, /, **jit_kwargs: Any) -> JitWrapped
     Arguments:
         fun: the function to compile. Omit it to use `jit(...)` as a decorator factory.
         **jit_kwargs: anything `jax.jit` accepts (`static_argnums`, `donate_argnums`, ...),
-            and `embed_max_bytes` (by default 1024 on the CPU, 4096 on an accelerator):
-            under JAX's default pipeline, a FrozenConst of at most this many bytes is
-            embedded, as `jax.jit` embeds it, which costs less per call than a parameter;
-            0 makes every one a parameter.
+            and `embed_max_bytes` (default 4096): under JAX's default pipeline, a
+            FrozenConst of at most this many bytes is embedded, as `jax.jit` embeds
+            it, which costs less per call than a parameter; 0 makes every one a parameter.
 
     Returns:
         A callable with `lower`, `trace` and `eval_shape` like a `jax.jit` function.

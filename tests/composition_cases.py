@@ -27,9 +27,9 @@ from jax.sharding import PartitionSpec as P
 import frozenconst
 from frozenconst import FrozenConst
 
-# 2 KiB: above `embed_max_bytes`, so a parameter of frozenconst.jit's programs under both pipelines
+# 8 KiB: above `embed_max_bytes`, so a parameter of frozenconst.jit's programs under both pipelines
 # (a captured buffer under the simplified one on a single device).
-TABLE = np.random.default_rng(19).standard_normal((128, 4)).astype(np.float32)
+TABLE = np.random.default_rng(19).standard_normal((512, 4)).astype(np.float32)
 CONST = FrozenConst(TABLE)
 
 

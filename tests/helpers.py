@@ -42,11 +42,9 @@ def on_cpu() -> bool:
     return jax.default_backend() == "cpu"
 
 
-def embed_limit() -> int:
-    """frozenconst's documented default `embed_max_bytes` on the default backend (docs: "Which
-    jit"): a FrozenConst of at most this many bytes stays embedded under JAX's default pipeline,
-    1 KiB on the CPU and 4 KiB on an accelerator, where each parameter costs more per call."""
-    return 1024 if on_cpu() else 4096
+# frozenconst's documented default `embed_max_bytes` (docs: "Which jit"): a FrozenConst of at
+# most this many bytes stays embedded under JAX's default pipeline, on every backend.
+EMBED_LIMIT = 4096
 
 
 def requires_cpu(fact: str) -> None:

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import SIMPLIFIED, embed_limit, unique_data
+from helpers import EMBED_LIMIT, SIMPLIFIED, unique_data
 
 import frozenconst
 
@@ -87,11 +87,11 @@ def test_same_code_with_a_frozenconst_reports_no_numpy_and_no_duplicates():
 
 @pytest.mark.parametrize("above", [4, 256 << 10], ids=["just above", "far above"])
 def test_a_frozenconst_above_the_threshold_is_a_parameter_of_jax_jit_as_the_audit_says(above):
-    # Above `embed_max_bytes` (1 KiB on the CPU, 4 KiB on an accelerator) every jit takes a
+    # Above `embed_max_bytes` (4 KiB) every jit takes a
     # FrozenConst as a parameter, and the audit says so: the program is the one with the table
     # passed as an argument, so the audit's "no problems" is true of the program JAX compiles,
     # however many times the table is used.
-    nbytes = embed_limit() + above
+    nbytes = EMBED_LIMIT + above
     table = FrozenConst(unique_data((nbytes // 4,)))
 
     def uses(t, w):
@@ -105,8 +105,8 @@ def test_a_frozenconst_above_the_threshold_is_a_parameter_of_jax_jit_as_the_audi
     (c,) = report.constants
     assert c.in_program(report.pipeline) == "parameter"
     assert "No problems" in str(report)
-    at_threshold = FrozenConst(unique_data((embed_limit() // 4,)))  # embedded by every jit
-    report = frozenconst.audit(jax.jit(lambda w: at_threshold * w), jnp.ones(embed_limit() // 4))
+    at_threshold = FrozenConst(unique_data((EMBED_LIMIT // 4,)))  # embedded by every jit
+    report = frozenconst.audit(jax.jit(lambda w: at_threshold * w), jnp.ones(EMBED_LIMIT // 4))
     assert "No problems" in str(report)
     assert report.constants[0].in_program(report.pipeline) == ("parameter" if SIMPLIFIED else "embedded")
 

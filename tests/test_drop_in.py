@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import SIMPLIFIED, embed_limit, live_copies, raw_numpy_lowers, run_bounded, subprocess_env
+from helpers import EMBED_LIMIT, SIMPLIFIED, live_copies, raw_numpy_lowers, run_bounded, subprocess_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,7 +34,7 @@ from frozenconst._compat import LOWERING_HOOK
 from frozenconst._refusals import JAX_LAX_REFUSES
 
 PIPELINE = "simplified" if SIMPLIFIED else "default"
-THRESHOLD = embed_limit()  # `embed_max_bytes`'s default on this backend
+THRESHOLD = EMBED_LIMIT  # `embed_max_bytes`'s default
 
 
 @contextlib.contextmanager

@@ -45,7 +45,7 @@ SPEC = jax.ShapeDtypeStruct((256,), jnp.float32)
 def test_the_exported_program_holds_none_of_the_constants_data():
     f, table, bias = _program()
     exported = frozenconst.export(f, SPEC)
-    # The bias (1 KiB, at `embed_max_bytes`) stays in the program, as under any jit.
+    # The bias (1 KiB, below `embed_max_bytes`) stays in the program, as under any jit.
     assert [c.fingerprint for c in exported.constants] == [table.fingerprint] and bias.nbytes == 1024
     ours = len(exported.program.mlir_module_serialized)
     with pytest.warns(frozenconst.FrozenConstWarning, match="`frozenconst.export` keeps them out"):

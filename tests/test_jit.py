@@ -365,7 +365,7 @@ def _sum_of(constants):
 @pytest.mark.parametrize("k", [1, 40])
 def test_small_constants_cost_no_parameter_and_large_ones_hold_no_data(k):
     small = [FrozenConst(unique_data((4,))) for _ in range(k)]  # 16 B each
-    large = [FrozenConst(unique_data((512,))) for _ in range(k)]  # 2 KiB each: above the default 1 KiB
+    large = [FrozenConst(unique_data((2048,))) for _ in range(k)]  # 8 KiB each: above the default 4 KiB
     w = jnp.ones(4)
     f_small = frozenconst.jit(_sum_of(small))
     f_large = frozenconst.jit(lambda w: _sum_of([c[:4] for c in large])(w))
@@ -379,7 +379,7 @@ def test_small_constants_cost_no_parameter_and_large_ones_hold_no_data(k):
     assert program_parameters(f_large.lower(w)) == 1 + k
     # Never a copy: each large constant's one device buffer, whatever the pipeline.
     assert all(live_copies(np.asarray(c)) == 1 for c in large)
-    # The program holds none of the large constants' data (k * 2 KiB): as large
+    # The program holds none of the large constants' data (k * 8 KiB): as large
     # as with them passed as arguments (default pipeline), or closed over as
     # jax.Arrays, which JAX passes to the executable (simplified).
     buffers = [jnp.asarray(c) for c in large]

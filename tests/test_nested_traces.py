@@ -312,7 +312,7 @@ def test_a_nested_frozenconst_jit_leaves_jaxs_cached_traces_of_other_functions_a
 def test_under_disable_jit_a_constant_met_late_is_its_own_values_from_the_first_run(nested):
     # Nothing is traced there: a Python check on a constant's values runs, once, on its values,
     # as under jax.jit.
-    table = FrozenConst(np.ones((32, 32), np.float32))  # 4 KiB: above `embed_max_bytes`
+    table = FrozenConst(np.ones((64, 64), np.float32))  # 16 KiB: above `embed_max_bytes`
     box = {"t": table}
 
     def fun(w, seen):
@@ -324,10 +324,10 @@ def test_under_disable_jit_a_constant_met_late_is_its_own_values_from_the_first_
             return t @ w
 
         if nested == "scan":
-            return lax.scan(lambda c, _: (c + use(), None), jnp.zeros(32), None, length=1)[0]
+            return lax.scan(lambda c, _: (c + use(), None), jnp.zeros(64), None, length=1)[0]
         return use()
 
-    w = jnp.ones(32, jnp.float32)
+    w = jnp.ones(64, jnp.float32)
     ours, theirs = [], []
     with jax.disable_jit():
         got = frozenconst.jit(lambda v: fun(v, ours))(w)
