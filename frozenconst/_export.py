@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import pathlib
-import shutil
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
@@ -90,12 +89,14 @@ class Exported:
         The directory holds `manifest.json` (the format, the JAX and frozenconst
         versions, and each constant's fingerprint, dtype, shape and sharding) and JAX's
         serialized program; the store holds each constant as `<sha256>.npy`, which
-        NumPy reads alone (`np.load`). The program directory is written whole or not
-        at all (written aside, then renamed); a constant already in the store is not
-        written again.
+        NumPy reads alone (`np.load`). Each file is written aside and renamed into
+        place, the manifest last, so a reader finds the new program whole or the one
+        saved there before; a constant already in the store is not written again. A
+        save deletes nothing: the store (inside `path` or not) and other files there
+        are kept.
 
         Arguments:
-            path: the program's directory; replaced if it holds a program already.
+            path: the program's directory; a program saved there before is replaced.
             constants: the store's directory (default: `path/constants`); programs
                 saved into one store share each constant's file.
             vjp_order: as `jax.export.Exported.serialize`: how many orders of
@@ -114,14 +115,7 @@ class Exported:
         store = directory / "constants" if constants is None else pathlib.Path(constants)
         program = bytes(self.program.serialize(vjp_order=vjp_order))
         entries = [_entry(c) for c in self.constants]
-        aside = directory.parent / f".{directory.name}.saving-{uuid.uuid4().hex[:8]}"
         try:
-            directory.parent.mkdir(parents=True, exist_ok=True)
-            aside.mkdir()
-            written_store = aside / "constants" if constants is None else store
-            written_store.mkdir(parents=True, exist_ok=True)
-            for constant, entry in zip(self.constants, entries, strict=True):
-                _write_blob(written_store / entry["file"], constant)
             relative = (
                 "constants" if constants is None else os.path.relpath(store.resolve(), directory.resolve())
             )
@@ -139,11 +133,19 @@ class Exported:
                     {"kind": k, "array": a, "bytes": n, "line": line} for k, a, n, line in self.embedded
                 ],
             }
-            (aside / PROGRAM).write_bytes(program)
-            (aside / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-            _replace_dir(aside, directory)
+            made = _make_dir(directory)
+            try:
+                _check_replaceable(directory, store)
+                store.mkdir(parents=True, exist_ok=True)
+                for constant, entry in zip(self.constants, entries, strict=True):
+                    _write_blob(store / entry["file"], constant)
+                _commit(directory, program, (json.dumps(manifest, indent=1) + "\n").encode())
+            except BaseException:
+                for created in reversed(made):  # what this save made and left empty
+                    with contextlib.suppress(OSError):
+                        created.rmdir()
+                raise
         except OSError as err:
-            shutil.rmtree(aside, ignore_errors=True)
             raise FrozenConstRuntimeError(
                 f"frozenconst cannot save the program to {directory} (constants to {store}): "
                 f"{err.strerror or err}. Nothing was left half-written there; save to a directory you "
@@ -359,34 +361,90 @@ def _write_blob(path: pathlib.Path, constant: FrozenConst) -> None:
     """Write the constant's host data to `path` (aside, then renamed), unless it is there."""
     if path.exists():
         return  # stored by content: the same name is the same data (checked at load)
-    aside = path.with_name(f".{path.name}.writing-{uuid.uuid4().hex[:8]}")
+    _write_aside(path, lambda f: np.lib.format.write_array(f, np.asarray(constant), allow_pickle=False))
+
+
+def _aside(path: pathlib.Path) -> pathlib.Path:
+    """A name beside `path` that only this write uses (several processes may save at once)."""
+    return path.with_name(f".{path.name}.writing-{uuid.uuid4().hex[:12]}")
+
+
+def _write_aside(path: pathlib.Path, write: Callable[[Any], object]) -> None:
+    """Write a file whole at `path`: written under another name, then renamed over it."""
+    aside = _aside(path)
     try:
         with open(aside, "wb") as f:
-            np.lib.format.write_array(f, np.asarray(constant), allow_pickle=False)
+            write(f)
         os.replace(aside, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(aside)
 
 
-def _replace_dir(aside: pathlib.Path, directory: pathlib.Path) -> None:
-    """Put the directory `aside` at `directory`, replacing a program saved there before."""
-    if not directory.exists():
-        os.replace(aside, directory)
-        return
-    if not (directory / MANIFEST).exists() and any(directory.iterdir()):
+def _make_dir(directory: pathlib.Path) -> list[pathlib.Path]:
+    """Make `directory` and its missing parents; the ones this call made, outermost first."""
+    missing = [d for d in (directory, *directory.parents) if not d.exists()]
+    directory.mkdir(parents=True, exist_ok=True)
+    return missing[::-1]
+
+
+def _check_replaceable(directory: pathlib.Path, store: pathlib.Path) -> None:
+    """Refuse a directory that holds files of someone else's: a save writes there only its
+    manifest, its program and the store, and replaces only a manifest frozenconst wrote."""
+    names = set(os.listdir(directory))
+    if MANIFEST in names:
+        try:
+            ours = json.loads((directory / MANIFEST).read_text()).get("kind") == _KIND
+        except (OSError, ValueError, AttributeError):
+            ours = False
+        if ours:
+            return
         raise FrozenConstValueError(
-            f"frozenconst will not replace {directory}: it holds files but no saved program "
-            f"({MANIFEST}). Save to a new or empty directory."
+            f"frozenconst will not replace {directory / MANIFEST}: frozenconst did not write it (or it "
+            "is damaged). Save to a new or empty directory, or remove that file."
         )
-    old = directory.parent / f".{directory.name}.replaced-{uuid.uuid4().hex[:8]}"
-    os.replace(directory, old)
+    # What a save writes there (an interrupted or concurrent one too): its program, the store
+    # (the default one, or where `constants=` puts it inside), and its files being written.
+    inside = {"constants", PROGRAM}
+    with contextlib.suppress(ValueError):
+        inside.add(store.absolute().relative_to(directory.absolute()).parts[0])
+    others = sorted(n for n in names if n not in inside and not (n.startswith(".") and ".writing-" in n))
+    if others:
+        raise FrozenConstValueError(
+            f"frozenconst will not save into {directory}: it holds files but no saved program "
+            f"({MANIFEST}), such as {others[0]!r}. Save to a new or empty directory."
+        )
+
+
+def _commit(directory: pathlib.Path, program: bytes, manifest: bytes) -> None:
+    """Put the program and then its manifest in place, each written aside and renamed, so that
+    the manifest a reader finds names a whole program. Where the manifest cannot be put in
+    place, the program saved there before is put back."""
+    target = directory / PROGRAM
+    files = {PROGRAM: _aside(target), MANIFEST: _aside(directory / MANIFEST)}
+    kept = _aside(target)
+    previous: pathlib.Path | None = kept
     try:
-        os.replace(aside, directory)
-    except OSError:
-        os.replace(old, directory)  # the program saved before, back
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+        files[PROGRAM].write_bytes(program)
+        files[MANIFEST].write_bytes(manifest)
+        try:
+            os.link(target, kept)  # the program saved before, kept until the manifest is in place
+        except OSError:
+            previous = None
+        os.replace(files[PROGRAM], target)
+        try:
+            os.replace(files[MANIFEST], directory / MANIFEST)
+        except BaseException:
+            if previous is not None:
+                os.replace(previous, target)
+            elif not (directory / MANIFEST).exists():
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(target)
+            raise
+    finally:
+        for aside in (*files.values(), kept):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(aside)
 
 
 def _version() -> str:

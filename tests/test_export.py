@@ -19,12 +19,25 @@ from helpers import free_port, run_bounded, run_processes, subprocess_env
 
 import frozenconst
 from frozenconst import FrozenConst
+from frozenconst._export import MANIFEST, PROGRAM
 
 # -- in this process ----------------------------------------------------------------------------
 
 
 def _table(shape=(256, 256), seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _matvec(seed=8):
+    data = _table((64, 64), seed)
+    table = FrozenConst(data)
+    return data, frozenconst.export(lambda x: table @ x, jax.ShapeDtypeStruct((64,), jnp.float32))
+
+
+def _loads_as_the_argument_form(path, data):
+    x = jnp.linspace(-1.0, 1.0, 64)
+    want = jax.jit(lambda t, v: t @ v)(jnp.asarray(data), x)  # JAX's own, the table an argument
+    np.testing.assert_array_equal(frozenconst.load(path)(x), want)
 
 
 def _program():
@@ -173,14 +186,44 @@ def test_a_program_this_jax_cannot_read_names_both_versions(saved):
         frozenconst.load(path)
 
 
-def test_a_failed_save_leaves_nothing_half_written(saved, monkeypatch):
+@pytest.mark.parametrize(
+    "stores", [("named", "named"), (None, "named"), ("named", None), ("nested", "nested", None)]
+)
+def test_a_store_inside_the_program_directory_survives_every_save(tmp_path, stores):
+    # The default store named explicitly (`path / "constants"`), or another inside `path`: each
+    # save, first or over an earlier one, leaves a program that loads, and nothing beside it.
+    data, exported = _matvec()
+    path = tmp_path / "prog"
+    where = {None: None, "named": path / "constants", "nested": path / "blobs" / "store"}
+    for store in stores:
+        assert exported.save(path, constants=where[store]) == path
+        _loads_as_the_argument_form(path, data)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prog"]  # nothing aside left
+    assert not list(path.rglob(".*"))
+
+
+def test_a_save_keeps_the_files_it_did_not_write(tmp_path):
+    # Saving over a program replaces its manifest and program file, and deletes nothing else.
+    data, exported = _matvec()
+    path = exported.save(tmp_path / "prog")
+    (path / "README.txt").write_text("mine")
+    _, other = _matvec(9)
+    other.save(path)
+    exported.save(path)  # back: the first constant's file is still in the store, and kept
+    assert (path / "README.txt").read_text() == "mine"
+    assert len(list((path / "constants").glob("*.npy"))) == 2
+    _loads_as_the_argument_form(path, data)
+
+
+@pytest.mark.parametrize("step", [PROGRAM, MANIFEST])
+def test_a_failed_save_leaves_nothing_half_written(saved, monkeypatch, step):
     path, exported = saved
-    before = sorted(p.name for p in path.parent.iterdir())
-    manifest = (path / "manifest.json").read_text()
+    before = {p.relative_to(path.parent): p.read_bytes() for p in path.parent.rglob("*") if p.is_file()}
+    _, other = _matvec(10)  # another program, whose save fails at its last steps
     real = os.replace
 
-    def refuse(src, dst):  # the new program refused at the last step, its rename into place
-        if ".saving-" in str(src) and pathlib.Path(dst) == path:
+    def refuse(src, dst):  # the program, or its manifest, refused at its rename into place
+        if pathlib.Path(dst) == path / step:
             raise OSError(30, "Read-only file system")
         return real(src, dst)
 
@@ -188,18 +231,32 @@ def test_a_failed_save_leaves_nothing_half_written(saved, monkeypatch):
     with pytest.raises(
         frozenconst.FrozenConstRuntimeError, match=r"Read-only file system\. Nothing was left"
     ):
-        exported.save(path)
-    assert sorted(p.name for p in path.parent.iterdir()) == before  # nothing aside left
-    assert (path / "manifest.json").read_text() == manifest  # the program saved before, whole
+        other.save(path)
+    after = {p.relative_to(path.parent): p.read_bytes() for p in path.parent.rglob("*") if p.is_file()}
+    # The program saved before, whole; nothing aside left; the other constant's file, whole, kept.
+    assert {k: v for k, v in after.items() if k in before} == before
+    (new,) = set(after) - set(before)
+    assert new.parent == pathlib.Path("prog/constants") and new.suffix == ".npy"
+    monkeypatch.undo()
+    np.testing.assert_array_equal(frozenconst.load(path)(jnp.ones(64)), exported(jnp.ones(64)))
 
 
-def test_a_directory_of_other_files_is_not_replaced(tmp_path, saved):
+def test_a_directory_of_other_files_is_not_saved_into(tmp_path, saved):
     _, exported = saved
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("mine")
-    with pytest.raises(frozenconst.FrozenConstValueError, match="will not replace"):
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "manifest.json").write_text('{"name": "a web app"}')
+    with pytest.raises(
+        frozenconst.FrozenConstValueError, match=r"will not save into .* such as 'notes\.txt'"
+    ):
         exported.save(tmp_path / "mine")
-    assert (tmp_path / "mine" / "notes.txt").read_text() == "mine"
+    with pytest.raises(
+        frozenconst.FrozenConstValueError, match=r"not replace .*manifest\.json: frozenconst did"
+    ):
+        exported.save(tmp_path / "theirs")
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+    assert [p.name for p in (tmp_path / "theirs").iterdir()] == ["manifest.json"]
 
 
 def test_bad_options():
