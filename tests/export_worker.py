@@ -1,20 +1,29 @@
-"""A program with a constant sharded over 4 devices, exported in one process and loaded in two.
+"""Programs saved and loaded by several processes.
 
     python export_worker.py DIR export              # one process, 4 CPU devices: export, save
     python export_worker.py DIR load PID PORT       # one of 2 processes, 2 CPU devices each
+    python export_worker.py DIR save INDEX COUNT ROUNDS  # one of COUNT processes saving at once
 
-Each loading process holds only the constant's slices its devices address (`HOST` line: its
-host bytes and the constant's), and the gathered result is bitwise the exporter's (`RESULT`).
+`export` and `load`: a program with a constant sharded over 4 devices, exported in one process and
+loaded in two. Each loading process holds only the constant's slices its devices address (`HOST`
+line: its host bytes and the constant's), and the gathered result is bitwise the exporter's
+(`RESULT`).
+
+`save`: every process exports the same program, as every host of a multi-host job running one
+script does, then, in each of ROUNDS rounds, waits for the others (a barrier of files in DIR) and
+saves it to `DIR/round-<r>`, with its store by default, named inside the program's directory, or
+shared beside it, in turn. It prints `SAVED INDEX` once every save returned.
 """
 
 import pathlib
 import sys
+import time
 
 import jax
 import numpy as np
 
 if __name__ == "__main__":
-    jax.config.update("jax_num_cpu_devices", 4 if sys.argv[2] == "export" else 2)
+    jax.config.update("jax_num_cpu_devices", {"export": 4, "load": 2}.get(sys.argv[2], 1))
 
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
@@ -55,9 +64,41 @@ def load(out: pathlib.Path, pid: int, port: int) -> None:
         jax.distributed.shutdown()
 
 
+STORES = ("default", "inside", "beside")
+
+
+def store_of(out: pathlib.Path, r: int) -> pathlib.Path | None:
+    """Round `r`'s store: the default one, one named inside the program's directory, or one beside."""
+    kind = STORES[r % len(STORES)]
+    return (
+        None
+        if kind == "default"
+        else out / f"round-{r}" / "constants"
+        if kind == "inside"
+        else out / "shared"
+    )
+
+
+def table() -> np.ndarray:
+    return np.random.default_rng(11).standard_normal((128, 128)).astype(np.float32)
+
+
+def save(out: pathlib.Path, index: int, count: int, rounds: int) -> None:
+    constant = FrozenConst(table())
+    exported = frozenconst.export(lambda x: jnp.tanh(constant @ x), jax.ShapeDtypeStruct((128,), jnp.float32))
+    for r in range(rounds):
+        (out / f".ready-{r}-{index}").touch()
+        while len(list(out.glob(f".ready-{r}-*"))) < count:  # the others ready too: save at once
+            time.sleep(0.001)
+        exported.save(out / f"round-{r}", constants=store_of(out, r))
+    print("SAVED", index, flush=True)
+
+
 if __name__ == "__main__":
     where = pathlib.Path(sys.argv[1])
     if sys.argv[2] == "export":
         export(where)
-    else:
+    elif sys.argv[2] == "load":
         load(where, int(sys.argv[3]), int(sys.argv[4]))
+    else:
+        save(where, int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))

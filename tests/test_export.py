@@ -405,6 +405,40 @@ def test_on_two_processes_each_loads_only_its_slices(tmp_path):
         assert f"RESULT {pid} True" in text, text[-3000:]
 
 
+@pytest.mark.subprocess
+def test_processes_saving_one_program_at_once_each_succeed_and_leave_one_whole_program(tmp_path):
+    # Every host of a multi-host job running one script saves the same program to one path.
+    import export_worker
+
+    count, rounds = 3, 6
+    worker = str(pathlib.Path(__file__).resolve().parent / "export_worker.py")
+    codes, outs = run_processes(
+        [
+            [sys.executable, worker, str(tmp_path), "save", str(i), str(count), str(rounds)]
+            for i in range(count)
+        ]
+    )
+    assert codes == [0] * count, [o[-3000:] for o in outs]
+    x = jnp.linspace(-1.0, 1.0, 128)
+    want = jax.jit(lambda t, v: jnp.tanh(t @ v))(jnp.asarray(export_worker.table()), x)
+    for r in range(rounds):
+        path = tmp_path / f"round-{r}"
+        np.testing.assert_array_equal(frozenconst.load(path)(x), want)
+        inside = export_worker.store_of(tmp_path, r) != tmp_path / "shared"
+        names = (
+            ["constants", "manifest.json", "program.jaxexport"]
+            if inside
+            else ["manifest.json", "program.jaxexport"]
+        )
+        assert sorted(p.name for p in path.iterdir()) == names, r  # nothing aside, nothing half-written
+        assert [p.suffix for p in path.rglob("*") if p.is_file()].count(".npy") == inside
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".ready-")) == [
+        *(f"round-{r}" for r in range(rounds)),
+        "shared",
+    ]
+    assert [p.suffix for p in (tmp_path / "shared").iterdir()] == [".npy"]
+
+
 def test_where_the_lowering_cannot_be_rewired_export_refuses(monkeypatch):
     # `_compat.rewire_hoisted`'s fallback (a JAX whose lowered module frozenconst cannot rewire):
     # a clear error, never a program that embeds the constants silently. No installed JAX takes
