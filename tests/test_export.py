@@ -10,6 +10,7 @@ import os
 import pathlib
 import sys
 import textwrap
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +54,7 @@ def _program():
 
 
 SPEC = jax.ShapeDtypeStruct((256,), jnp.float32)
+SPEC64 = jax.ShapeDtypeStruct((64,), jnp.float32)
 
 
 def test_the_exported_program_holds_none_of_the_constants_data():
@@ -110,6 +112,33 @@ def test_a_shared_store_keeps_each_constant_once_and_writes_nothing_twice(tmp_pa
     x = jnp.ones(128)
     np.testing.assert_array_equal(a(x), first(x))
     np.testing.assert_array_equal(b(x), second(x))
+
+
+def test_frozenconsts_in_the_arguments_and_outputs_save_and_load_as_jax_arrays_do(tmp_path):
+    # A params tree holding a FrozenConst, in and out: its node is part of the program's calling
+    # convention, which `jax.export` serializes by registered name.
+    w, b = _table((64, 64), 12), _table((64,), 13)
+    table = FrozenConst(_table((64, 64), 14))  # kept out, beside the program
+
+    def f(params, x):
+        y = jnp.tanh(params["w"] @ x + params["b"]) @ table
+        return {"y": y, "params": params}
+
+    params = {"w": FrozenConst(w), "b": jnp.asarray(b)}
+    x = jnp.linspace(-1.0, 1.0, 64)
+    exported = frozenconst.export(f, params, SPEC64)
+    assert "FrozenConst" in str(exported.program.in_tree) and "FrozenConst" in str(exported.program.out_tree)
+    loaded = frozenconst.load(exported.save(tmp_path / "prog"))
+    assert loaded.program.in_tree == exported.program.in_tree
+    assert loaded.program.out_tree == exported.program.out_tree
+    want = jax.jit(f)({"w": jnp.asarray(w), "b": jnp.asarray(b)}, x)  # the jax.Array form
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", frozenconst.FrozenConstWarning)  # the returned copy of `w`
+        for program in (exported, loaded):
+            got = program(params, x)
+            assert isinstance(got["params"]["w"], FrozenConst)
+            for a, e in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+                np.testing.assert_array_equal(a, e)
 
 
 # -- bad input ------------------------------------------------------------------------------------
