@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from ._cache import OWNER_REFS
-from ._compat import numpy_of
+from ._compat import X64, numpy_of
 from ._errors import FrozenConstRuntimeError, FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._fingerprint import fingerprint
 from ._frozen import FrozenConst, _sharding_state  # pyright: ignore[reportPrivateUsage]
@@ -72,9 +72,10 @@ class Exported:
         self.program = program
         self.constants = constants
         self.embedded = embedded
+        self._dtypes = _constant_dtypes(program, constants)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _call(self.program, self.constants, args, kwargs)
+        return _call(self.program, self.constants, self._dtypes, args, kwargs)
 
     def __repr__(self) -> str:
         total = sum(c.nbytes for c in self.constants)
@@ -168,19 +169,52 @@ class Loaded:
         self.program = program
         self.constants = constants
         self.path = path
+        self._dtypes = _constant_dtypes(program, constants)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _call(self.program, self.constants, args, kwargs)
+        return _call(self.program, self.constants, self._dtypes, args, kwargs)
 
     def __repr__(self) -> str:
         count = len(self.constants)
         return f"frozenconst.Loaded({self.program.fun_name}, {count} constant(s), from {self.path})"
 
 
-def _call(program: Any, constants: tuple[FrozenConst, ...], args: Any, kwargs: Any) -> Any:
+def _constant_dtypes(program: Any, constants: tuple[FrozenConst, ...]) -> tuple[np.dtype[Any], ...]:
+    """The dtypes the program takes its constants in (its first inputs): those JAX gave them
+    under the x64 setting it was exported with."""
+    return tuple(np.dtype(aval.dtype) for aval in program.in_avals[: len(constants)])
+
+
+def _call(
+    program: Any,
+    constants: tuple[FrozenConst, ...],
+    dtypes: tuple[np.dtype[Any], ...],
+    args: Any,
+    kwargs: Any,
+) -> Any:
     # The constants' buffers, as arrays (the program's constant inputs are leaves): passed as
     # arguments, or, inside a trace, closed over and so parameters of that program too.
-    return program.call(tuple(c.__jax_array__() for c in constants), *args, **kwargs)
+    fed = tuple(_fed(c, d) for c, d in zip(constants, dtypes, strict=True))
+    return program.call(fed, *args, **kwargs)
+
+
+def _fed(constant: FrozenConst, dtype: np.dtype[Any]) -> jax.Array:
+    """The constant's device buffer in `dtype`, the one the program takes it in, whatever the
+    caller's x64 setting: a constant held as float64 on the host (`dtype=np.float64`) is a
+    float32 input of a program exported with x64 off, and a float64 one of a program exported
+    with it on. Each setting's buffer is made once and cached, as any use's is."""
+    array = constant.__jax_array__()
+    if array.dtype == dtype:
+        return array
+    with jax.enable_x64(not X64.value):  # the other setting: the one the program was exported under
+        other = constant.__jax_array__()
+    if other.dtype != dtype:
+        raise FrozenConstValueError(
+            f"The program takes a constant as {dtype}, which JAX makes of its {constant.host_dtype} host "
+            f"data under neither x64 setting: the constant is not the one the program was exported with. "
+            "Export and save the program again."
+        )
+    return other
 
 
 def export(

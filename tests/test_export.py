@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import free_port, run_bounded, run_processes, subprocess_env
+from helpers import enable_x64, free_port, run_bounded, run_processes, subprocess_env
 
 import frozenconst
 from frozenconst import FrozenConst
@@ -139,6 +139,29 @@ def test_frozenconsts_in_the_arguments_and_outputs_save_and_load_as_jax_arrays_d
             assert isinstance(got["params"]["w"], FrozenConst)
             for a, e in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
                 np.testing.assert_array_equal(a, e)
+
+
+@pytest.mark.parametrize("exported_x64", [False, True])
+def test_a_program_runs_under_either_x64_setting_with_its_constants_in_the_exported_dtypes(
+    tmp_path, exported_x64
+):
+    # `dtype=np.float64` keeps float64 on the host: the program takes the constant as float32
+    # (exported with x64 off) or float64 (on), and is fed that whatever the caller's setting.
+    data = np.linspace(-1.0, 1.0, 64 * 64).reshape(64, 64)
+    x = np.linspace(0.0, 1.0, 64, dtype=np.float32)
+    with enable_x64(exported_x64):
+        table = FrozenConst(data, dtype=np.float64)
+        exported = frozenconst.export(lambda v: jnp.tanh(table @ v), SPEC64)
+        path = exported.save(tmp_path / "prog")
+        # The argument form, computed by JAX under the setting the program was exported with.
+        want = np.asarray(jax.jit(lambda t, v: jnp.tanh(t @ v))(jnp.asarray(data), jnp.asarray(x)))
+    assert want.dtype == (np.float64 if exported_x64 else np.float32)
+    for setting in (not exported_x64, exported_x64):
+        with enable_x64(setting):
+            for program in (exported, frozenconst.load(path)):
+                got = np.asarray(program(jnp.asarray(x)))
+                assert got.dtype == want.dtype
+                np.testing.assert_array_equal(got, want)
 
 
 # -- bad input ------------------------------------------------------------------------------------
