@@ -117,9 +117,6 @@ class Exported:
         program = bytes(self.program.serialize(vjp_order=vjp_order))
         entries = [_entry(c) for c in self.constants]
         try:
-            relative = (
-                "constants" if constants is None else os.path.relpath(store.resolve(), directory.resolve())
-            )
             manifest = {
                 "kind": _KIND,
                 "format": FORMAT,
@@ -128,7 +125,7 @@ class Exported:
                 "function": self.program.fun_name,
                 "program": PROGRAM,
                 "vjp_order": vjp_order,
-                "constants_dir": relative,
+                **_store_record(directory, store),
                 "constants": entries,
                 "embedded": [
                     {"kind": k, "array": a, "bytes": n, "line": line} for k, a, n, line in self.embedded
@@ -415,6 +412,25 @@ def _write_aside(path: pathlib.Path, write: Callable[[Any], object]) -> None:
             os.unlink(aside)
 
 
+def _lexical(path: PathLike) -> str:
+    """`path` made absolute with its `..` taken away by name, as given: symbolic links are not
+    followed, so a store reached through one is found through it again, wherever it points then."""
+    return os.path.normpath(os.path.abspath(path))
+
+
+def _store_record(directory: pathlib.Path, store: pathlib.Path) -> dict[str, str]:
+    """Where the manifest says the store is: relative to the program's directory, so that the two
+    moved together still find each other, and, for a store outside that directory, also by its
+    absolute path, so that the program moved alone does."""
+    try:
+        relative = os.path.relpath(_lexical(store), _lexical(directory))
+    except ValueError:  # another drive (Windows): no relative path
+        return {"constants_dir": _lexical(store)}
+    if relative == os.pardir or relative.startswith(os.pardir + os.sep):
+        return {"constants_dir": relative, "constants_path": _lexical(store)}
+    return {"constants_dir": relative}
+
+
 def _make_dir(directory: pathlib.Path) -> list[pathlib.Path]:
     """Make `directory` and its missing parents; the ones this call made, outermost first."""
     missing = [d for d in (directory, *directory.parents) if not d.exists()]
@@ -441,7 +457,7 @@ def _check_replaceable(directory: pathlib.Path, store: pathlib.Path) -> None:
     # (the default one, or where `constants=` puts it inside), and its files being written.
     inside = {"constants", PROGRAM}
     with contextlib.suppress(ValueError):
-        inside.add(store.absolute().relative_to(directory.absolute()).parts[0])
+        inside.add(pathlib.Path(_lexical(store)).relative_to(_lexical(directory)).parts[0])
     others = sorted(n for n in names if n not in inside and not (n.startswith(".") and ".writing-" in n))
     if others:
         raise FrozenConstValueError(
@@ -528,9 +544,11 @@ def load(path: PathLike) -> Loaded:
     """
     where = pathlib.Path(path)
     manifest = _manifest(where)
-    store = (where / manifest["constants_dir"]).resolve()
+    stores = [pathlib.Path(_lexical(os.path.join(where, str(manifest["constants_dir"]))))]
+    if isinstance(manifest.get("constants_path"), str):
+        stores.append(pathlib.Path(manifest["constants_path"]))  # where it was, for a program moved alone
     program = _program(where, manifest)
-    constants = tuple(_constant(store, entry, where) for entry in manifest["constants"])
+    constants = tuple(_constant(stores, entry, where) for entry in manifest["constants"])
     return Loaded(program, constants, where)
 
 
@@ -580,13 +598,15 @@ def _program(where: pathlib.Path, manifest: dict[str, Any]) -> Any:
         ) from err
 
 
-def _constant(store: pathlib.Path, entry: dict[str, Any], where: pathlib.Path) -> FrozenConst:
-    file = store / str(entry["file"])
+def _constant(stores: list[pathlib.Path], entry: dict[str, Any], where: pathlib.Path) -> FrozenConst:
+    files = [store / str(entry["file"]) for store in stores]
     digest = str(entry["fingerprint"])
-    if not file.exists():
+    file = next((f for f in files if f.exists()), None)
+    if file is None:
+        also = f" (nor at {files[1]}, where it was saved)" if len(files) > 1 and files[1] != files[0] else ""
         raise FrozenConstValueError(
-            f"{file} is missing: the constant {digest} of the program in {where}. Copy the store it was "
-            f"saved with ({store}) beside it, or save the program again."
+            f"{files[0]} is missing{also}: the constant {digest} of the program in {where}. Copy the store "
+            f"it was saved with ({stores[0]}) beside it, or save the program again."
         )
     try:
         data = np.load(file, mmap_mode="r", allow_pickle=False)

@@ -164,6 +164,36 @@ def test_a_program_runs_under_either_x64_setting_with_its_constants_in_the_expor
                 np.testing.assert_array_equal(got, want)
 
 
+def test_a_store_reached_through_a_link_is_found_through_it_after_the_link_moves(tmp_path):
+    # The blobs moved to another disk and the link re-pointed: the manifest names the link.
+    data, exported = _matvec(15)
+    (tmp_path / "disk1").mkdir()
+    (tmp_path / "disk2").mkdir()
+    (tmp_path / "disk1" / "blobs").mkdir()
+    (tmp_path / "work").mkdir()
+    link = tmp_path / "work" / "store"
+    link.symlink_to(tmp_path / "disk1" / "blobs")
+    path = exported.save(tmp_path / "work" / "prog", constants=link)
+    assert json.loads((path / "manifest.json").read_text())["constants_dir"] == "../store"
+    (tmp_path / "disk1" / "blobs").rename(tmp_path / "disk2" / "blobs")
+    link.unlink()
+    link.symlink_to(tmp_path / "disk2" / "blobs")
+    _loads_as_the_argument_form(path, data)
+
+
+def test_a_program_moved_with_its_store_or_alone_loads(tmp_path):
+    data, exported = _matvec(16)
+    exported.save(tmp_path / "a" / "prog", constants=tmp_path / "a" / "store")
+    (tmp_path / "a").rename(tmp_path / "b")  # the two together: found relative to the program
+    _loads_as_the_argument_form(tmp_path / "b" / "prog", data)
+    (tmp_path / "b" / "prog").rename(tmp_path / "prog")  # the program alone: its store where it was
+    with pytest.raises(frozenconst.FrozenConstValueError, match=r"is missing \(nor at .*a/store/"):
+        frozenconst.load(tmp_path / "prog")
+    exported.save(tmp_path / "c" / "prog", constants=tmp_path / "c" / "store")
+    (tmp_path / "c" / "prog").rename(tmp_path / "moved")
+    _loads_as_the_argument_form(tmp_path / "moved", data)
+
+
 # -- bad input ------------------------------------------------------------------------------------
 
 
