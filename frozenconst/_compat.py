@@ -624,6 +624,14 @@ class Hooks:
             return jax.sharding.NamedSharding(context, _replicated())
         return None
 
+    @staticmethod
+    def keeping_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
+        """`lower`'s keyword arguments with every input of the program kept (`keep_unused`, which
+        pjit passes by keyword): an exported program's constant inputs, which its function reads
+        as closures and so never uses, are where frozenconst wires the constants; JAX's own VJP
+        of an exported program (`Exported.vjp`) is jitted without `keep_unused`."""
+        return {**kwargs, "keep_unused": True}
+
     def hoisting(self, parameters: Any) -> Any:
         """`parameters` with JAX's hoisting of literal constants switched on."""
         import dataclasses

@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._cache import OWNER_REFS
+from ._cache import OWNER_REFS, Use
 from ._compat import X64, numpy_of
 from ._errors import FrozenConstRuntimeError, FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._fingerprint import fingerprint
@@ -68,11 +68,15 @@ class Exported:
         program: Any,
         constants: tuple[FrozenConst, ...],
         embedded: tuple[tuple[str, str, int, str | None], ...],
+        buffers: tuple[jax.Array, ...] = (),
     ) -> None:
         self.program = program
         self.constants = constants
         self.embedded = embedded
         self._dtypes = _constant_dtypes(program, constants)
+        # The constants' buffers the program was traced with, which its derivatives' programs
+        # (`vjp_order`) read too: each wired to its constant input when those are exported.
+        self._buffers = buffers
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return _call(self.program, self.constants, self._dtypes, args, kwargs)
@@ -114,7 +118,7 @@ class Exported:
         """
         directory = pathlib.Path(path)
         store = directory / "constants" if constants is None else pathlib.Path(constants)
-        program = bytes(self.program.serialize(vjp_order=vjp_order))
+        program = self._serialized(vjp_order)
         entries = [_entry(c) for c in self.constants]
         try:
             manifest = {
@@ -150,6 +154,17 @@ class Exported:
                 "can write."
             ) from err
         return directory
+
+    def _serialized(self, vjp_order: int) -> bytes:
+        """JAX's serialized program, with its derivatives' programs to `vjp_order`, each exported
+        (by JAX, at this call) with the constants kept out as the program's first inputs."""
+        if vjp_order and any(_owner(v) is None for v in self._buffers):
+            raise FrozenConstRuntimeError(
+                "frozenconst cannot save this program's derivatives (`vjp_order`): a constant's device "
+                "buffer it was exported with was evicted or deleted since. Export it again, then save."
+            )
+        with export_inputs({id(v): i for i, v in enumerate(self._buffers)}):
+            return bytes(self.program.serialize(vjp_order=vjp_order))
 
 
 class Loaded:
@@ -299,7 +314,7 @@ def export(
             FrozenConstWarning,
             stacklevel=2,
         )
-    return Exported(program, tuple(constants), tuple(embedded))
+    return Exported(program, tuple(constants), tuple(embedded), tuple(values))
 
 
 def _found(
@@ -313,9 +328,7 @@ def _found(
         key = id(value)
         if key in constants or key in embedded:
             continue
-        ref = OWNER_REFS.get(key)
-        store = None if ref is None else ref()
-        use = None if store is None else store.sharding_of(value)
+        use = _owner(value)
         nbytes = int(np.prod(np.shape(value))) * np.dtype(value.dtype).itemsize
         if nbytes <= embed_max_bytes:
             continue
@@ -327,6 +340,13 @@ def _found(
             shown = f"{np.dtype(value.dtype)}{list(np.shape(array if array is not None else value))}"
             embedded[key] = (kind, shown, nbytes, where(eqn))
     return list(constants.values()), list(embedded.values())
+
+
+def _owner(value: Any) -> Use | None:
+    """The constant whose cached buffer `value` is (its store and declared sharding), or None."""
+    ref = OWNER_REFS.get(id(value))
+    store = None if ref is None else ref()
+    return None if store is None else store.sharding_of(value)
 
 
 def _sharding_of(value: jax.Array) -> Any:

@@ -11,6 +11,7 @@ import pathlib
 import sys
 import textwrap
 import warnings
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -192,6 +193,56 @@ def test_a_program_moved_with_its_store_or_alone_loads(tmp_path):
     exported.save(tmp_path / "c" / "prog", constants=tmp_path / "c" / "store")
     (tmp_path / "c" / "prog").rename(tmp_path / "moved")
     _loads_as_the_argument_form(tmp_path / "moved", data)
+
+
+def _tanh_energy(t, v):  # the argument form: the table passed in
+    return jnp.sum(jnp.tanh(t @ v) ** 2)
+
+
+def _second(fun):
+    """Reverse over reverse: the gradient of a function of `fun`'s gradient."""
+    return jax.grad(lambda v: jnp.sum(jnp.sin(jax.grad(fun)(v))))
+
+
+def _saved_with_derivatives(tmp_path, rows):
+    """The saved program's sizes at `vjp_order` 0, 1 and 2, its values and derivatives checked."""
+    data = _table((rows, 64), 17)
+    table = FrozenConst(data)
+    exported = frozenconst.export(lambda v: _tanh_energy(table, v), SPEC64)
+    sizes = []
+    for order in (0, 1, 2):
+        path = exported.save(tmp_path / f"{rows}-{order}", vjp_order=order)
+        sizes.append((path / "program.jaxexport").stat().st_size)
+    loaded, t, x = frozenconst.load(path), jnp.asarray(data), jnp.linspace(-1.0, 1.0, 64)
+    np.testing.assert_array_equal(loaded(x), jax.jit(_tanh_energy)(t, x))
+    np.testing.assert_array_equal(jax.grad(loaded)(x), jax.jit(jax.grad(_tanh_energy, argnums=1))(t, x))
+    if rows <= 256:  # bitwise JAX's own export's (which embeds the table)
+        theirs = jax.export.deserialize(
+            jax.export.export(jax.jit(partial(_tanh_energy, t)))(SPEC64).serialize(2)
+        )
+        np.testing.assert_array_equal(_second(loaded)(x), _second(theirs.call)(x))
+    return sizes
+
+
+def test_the_saved_derivatives_hold_none_of_the_constants_data(tmp_path):
+    # `vjp_order` saves the VJP programs beside the primal one: each takes the constants as
+    # inputs too, so the file's size does not depend on theirs (64 KiB and 4 MiB tables).
+    small, big = _saved_with_derivatives(tmp_path, 256), _saved_with_derivatives(tmp_path, 16384)
+    assert all(abs(b - s) < 64 for s, b in zip(small, big, strict=True)) and max(big) < 32768, (small, big)
+    assert small[0] < small[1] < small[2], small  # the derivatives are there
+
+
+def test_derivatives_of_a_constant_evicted_since_export_are_refused_not_embedded(tmp_path):
+    table = FrozenConst(_table((64, 64), 18))
+    exported = frozenconst.export(lambda v: _tanh_energy(table, v), SPEC64)
+    table.evict()  # the buffer the program was traced with is no constant's any more
+    with pytest.raises(
+        frozenconst.FrozenConstRuntimeError, match=r"was evicted or deleted since\. Export it again"
+    ):
+        exported.save(tmp_path / "prog", vjp_order=1)
+    assert not (tmp_path / "prog").exists()
+    path = exported.save(tmp_path / "prog")  # the program alone is lowered already
+    np.testing.assert_array_equal(frozenconst.load(path)(jnp.ones(64)), exported(jnp.ones(64)))
 
 
 # -- bad input ------------------------------------------------------------------------------------
@@ -387,7 +438,9 @@ for n in (3, 5):
     results[f"grad{n}"] = np.asarray(jax.grad(plain.call)(x))
     results[f"direct{n}"] = np.asarray(jax.jit(f)(x))
 np.savez(out / "expected.npz", **results)
-print("SIZES", len(exported.program.mlir_module_serialized), len(plain.mlir_module_serialized), TABLE.nbytes)
+# The saved file, with its derivative's program; JAX's own primal program.
+saved = (out / "prog" / "program.jaxexport").stat().st_size
+print("SIZES", saved, len(plain.mlir_module_serialized), TABLE.nbytes)
 """
 
 _LOADER = """
