@@ -14,6 +14,7 @@ its parameters.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import pathlib
@@ -92,8 +93,9 @@ class Exported:
         """Write the program into the directory `path`, each constant once into a store.
 
         The directory holds `manifest.json` (the format, the JAX and frozenconst
-        versions, and each constant's fingerprint, dtype, shape and sharding) and JAX's
-        serialized program; the store holds each constant as `<sha256>.npy`, which
+        versions, the program's calling convention version, platforms and digest, and
+        each constant's fingerprint, dtype, shape and sharding) and JAX's serialized
+        program; the store holds each constant as `<sha256>.npy`, which
         NumPy reads alone (`np.load`). Each file is written aside and renamed into
         place, the manifest last, so a reader finds the new program whole or the one
         saved there before; a constant already in the store is not written again. A
@@ -128,6 +130,11 @@ class Exported:
                 "frozenconst": _version(),
                 "function": self.program.fun_name,
                 "program": PROGRAM,
+                "program_fingerprint": _digest(program),
+                # The exported program's calling convention (`jax.export`'s version of it, and the
+                # platforms it was lowered for): which JAX versions can call it.
+                "calling_convention_version": self.program.calling_convention_version,
+                "platforms": list(self.program.platforms),
                 "vjp_order": vjp_order,
                 **_store_record(directory, store),
                 "constants": entries,
@@ -542,16 +549,17 @@ def load(path: PathLike) -> Loaded:
     code that exported the program is not needed.
 
     Arguments:
-        path: the directory `save` wrote.
+        path: the directory `save` wrote (or its `manifest.json`).
 
     Returns:
         A [`Loaded`][frozenconst.Loaded] program.
 
     Raises:
-        FrozenConstValueError: no saved program there, a manifest of a newer format, a
-            constant's file missing, damaged, or not holding what the manifest says.
-        FrozenConstRuntimeError: this JAX cannot read the program (saved with another
-            JAX), or cannot place a constant as it was saved (other devices).
+        FrozenConstValueError: no saved program there, a manifest of a newer format, the
+            program's or a constant's file missing, damaged, or not holding what the
+            manifest says.
+        FrozenConstRuntimeError: this JAX cannot call or read the program (saved with
+            another JAX), or cannot place a constant as it was saved (other devices).
 
     Examples:
         >>> import jax, jax.numpy as jnp, numpy as np, frozenconst, tempfile
@@ -563,6 +571,13 @@ def load(path: PathLike) -> Loaded:
         True
     """
     where = pathlib.Path(path)
+    if where.is_file():
+        if where.name != MANIFEST:
+            raise FrozenConstValueError(
+                f"{where} is a file: give `frozenconst.load` the directory `Exported.save` wrote"
+                + (f", {where.parent}." if (where.parent / MANIFEST).is_file() else ".")
+            )
+        where = where.parent  # the program's manifest: its directory meant
     manifest = _manifest(where)
     stores = [pathlib.Path(_lexical(os.path.join(where, str(manifest["constants_dir"]))))]
     if isinstance(manifest.get("constants_path"), str):
@@ -599,6 +614,10 @@ def _manifest(where: pathlib.Path) -> dict[str, Any]:
     return manifest
 
 
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
 def _program(where: pathlib.Path, manifest: dict[str, Any]) -> Any:
     file = where / str(manifest["program"])
     try:
@@ -608,13 +627,40 @@ def _program(where: pathlib.Path, manifest: dict[str, Any]) -> Any:
             f"{file} cannot be read ({err.strerror or err}): the program of {where} is missing; "
             "save it again."
         ) from err
+    saved_with = manifest.get("jax")
+    recorded = manifest.get("program_fingerprint")  # None: a manifest that records none
+    if recorded is not None and _digest(data) != recorded:
+        raise FrozenConstValueError(
+            f"{file} does not hold the program its manifest was saved with ({recorded}): it was changed "
+            "or damaged since, or a save of another program to this directory did not finish. Save "
+            "the program again."
+        )
+    version = manifest.get("calling_convention_version")
+    low = jax.export.minimum_supported_calling_convention_version
+    high = jax.export.maximum_supported_calling_convention_version
+    if isinstance(version, int) and not low <= version <= high:
+        raise FrozenConstRuntimeError(
+            f"The program in {where} was exported with jax {saved_with} in its calling convention "
+            f"version {version}, which jax {jax.__version__} does not call (it calls versions {low} to "
+            f"{high}). Load it with a JAX that does (jax {saved_with}), or export and save it again "
+            "with this one."
+        )
     try:
         return jax.export.deserialize(bytearray(data))
     except Exception as err:  # whatever JAX raises for a program it cannot read
+        why = f"{type(err).__name__}: {str(err)[:200]}"
+        if recorded is None and saved_with == jax.__version__:
+            advice = "The file was changed or damaged since it was saved: save the program again."
+        elif saved_with == jax.__version__:
+            advice = (
+                "The file is whole (its digest is the manifest's) and this JAX version saved it: JAX's "
+                "error is the cause."
+            )
+        else:
+            advice = f"Load it with jax {saved_with}, or export and save it again with this one."
         raise FrozenConstRuntimeError(
-            f"jax {jax.__version__} cannot read the program in {file}, saved with jax "
-            f"{manifest.get('jax')} ({type(err).__name__}: {str(err)[:200]}). Load it with jax "
-            f"{manifest.get('jax')}, or export and save it again with this one."
+            f"jax {jax.__version__} cannot read the program in {file}, saved with jax {saved_with} "
+            f"({why}). {advice}"
         ) from err
 
 

@@ -5,9 +5,11 @@ loads (it has only frozenconst and NumPy) and compares with what the first compu
 Figures of size are JAX's own: the serialized program's bytes, beside `jax.export`'s.
 """
 
+import hashlib
 import json
 import os
 import pathlib
+import re
 import sys
 import textwrap
 import warnings
@@ -309,14 +311,85 @@ def test_a_newer_format_not_a_program_and_no_program(saved, tmp_path):
         frozenconst.load(tmp_path)
 
 
-def test_a_program_this_jax_cannot_read_names_both_versions(saved):
+def test_the_manifest_records_the_calling_convention_and_each_constants_record(saved):
+    path, exported = saved
+    manifest = json.loads((path / "manifest.json").read_text())
+    program = exported.program
+    assert manifest["format"] == frozenconst._export.FORMAT and manifest["jax"] == jax.__version__
+    assert manifest["calling_convention_version"] == program.calling_convention_version
+    assert manifest["platforms"] == list(program.platforms) == [jax.default_backend()]
+    digest = hashlib.sha256((path / "program.jaxexport").read_bytes()).hexdigest()
+    assert manifest["program_fingerprint"] == f"sha256:{digest}"
+    ((table, entry),) = zip(exported.constants, manifest["constants"], strict=True)
+    assert entry == {
+        "fingerprint": table.fingerprint,
+        "file": table.fingerprint.removeprefix("sha256:") + ".npy",
+        "dtype": "<f4",
+        "shape": [64, 64],
+        "sharding": None,
+    }
+
+
+def test_a_damaged_program_is_named_damaged_not_another_version(saved):
     path, _ = saved
-    _edit_manifest(path, jax="0.0.1")
-    (path / "program.jaxexport").write_bytes(b"\x00" * 64)
+    data = bytearray((path / "program.jaxexport").read_bytes())
+    data[len(data) // 2] ^= 0x40
+    (path / "program.jaxexport").write_bytes(bytes(data))
     with pytest.raises(
-        frozenconst.FrozenConstRuntimeError, match=rf"jax {jax.__version__} cannot read .* jax 0.0.1"
+        frozenconst.FrozenConstValueError,
+        match=r"program\.jaxexport does not hold the program its manifest was saved with .* changed or "
+        "damaged",
     ):
         frozenconst.load(path)
+
+
+def test_a_program_of_a_calling_convention_this_jax_does_not_call_names_both_versions(saved):
+    path, _ = saved
+    _edit_manifest(path, jax="9.9.9", calling_convention_version=99)
+    with pytest.raises(
+        frozenconst.FrozenConstRuntimeError,
+        match=rf"with jax 9\.9\.9 in its calling convention version 99, which jax {jax.__version__} does "
+        r"not call .* Load it with a JAX that does \(jax 9\.9\.9\)",
+    ):
+        frozenconst.load(path)
+
+
+@pytest.mark.parametrize("saved_with", ["0.0.1", "this"])
+def test_a_whole_program_this_jax_cannot_read_says_why(saved, saved_with):
+    # The file is whole (its digest recorded), yet not a program this JAX reads.
+    path, _ = saved
+    garbage = b"\x00" * 64
+    (path / "program.jaxexport").write_bytes(garbage)
+    version = jax.__version__ if saved_with == "this" else saved_with
+    _edit_manifest(path, jax=version, program_fingerprint="sha256:" + hashlib.sha256(garbage).hexdigest())
+    advice = (
+        "Load it with jax 0\\.0\\.1" if saved_with != "this" else "this JAX version saved it: JAX's error"
+    )
+    with pytest.raises(
+        frozenconst.FrozenConstRuntimeError,
+        match=rf"jax {re.escape(jax.__version__)} cannot read .* saved with jax {re.escape(version)} "
+        rf".*{advice}",
+    ):
+        frozenconst.load(path)
+    _edit_manifest(path, program_fingerprint=None)  # a manifest that records no digest
+    if saved_with == "this":
+        with pytest.raises(
+            frozenconst.FrozenConstRuntimeError, match="changed or damaged since it was saved"
+        ):
+            frozenconst.load(path)
+
+
+def test_the_path_of_the_manifest_loads_its_directory_and_another_file_is_named(saved):
+    path, exported = saved
+    loaded = frozenconst.load(path / "manifest.json")
+    assert loaded.path == path
+    np.testing.assert_array_equal(loaded(jnp.ones(64)), exported(jnp.ones(64)))
+    with pytest.raises(
+        frozenconst.FrozenConstValueError,
+        match=rf"program\.jaxexport is a file: give `frozenconst\.load` the directory .* wrote, "
+        rf"{re.escape(str(path))}\.",
+    ):
+        frozenconst.load(path / "program.jaxexport")
 
 
 @pytest.mark.parametrize(
