@@ -815,7 +815,17 @@ def rewire_hoisted(lowering: Any, inputs: list[int]) -> bool:
             return False
         types = list(main.type.inputs)
         kept = [i for i in range(len(types)) if i not in set(hoisted)]
-        name = "_frozenconst_export_main"
+        # A name no other function of the module has: one that calls an exported program holds
+        # that program's functions too (merged by JAX), frozenconst's renamed `main` among them.
+        taken = {
+            ir.StringAttr(op.attributes["sym_name"]).value
+            for op in module.body.operations
+            if "sym_name" in op.attributes
+        }
+        name, suffix = "_frozenconst_export_main", 0
+        while name in taken:
+            suffix += 1
+            name = f"_frozenconst_export_main_{suffix}"
         main.attributes["sym_visibility"] = ir.StringAttr.get("private")
         main.attributes["sym_name"] = ir.StringAttr.get(name)
         new_main = _func.FuncOp(

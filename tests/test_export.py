@@ -247,6 +247,17 @@ def test_derivatives_of_a_constant_evicted_since_export_are_refused_not_embedded
     np.testing.assert_array_equal(frozenconst.load(path)(jnp.ones(64)), exported(jnp.ones(64)))
 
 
+def test_a_function_calling_a_loaded_program_exports_with_the_constants_kept_out(saved, tmp_path):
+    path, exported = saved
+    loaded = frozenconst.load(path)
+    outer = frozenconst.export(lambda x, y: jnp.tanh(loaded(x)) + y, SPEC64, SPEC64)
+    assert [c.fingerprint for c in outer.constants] == [c.fingerprint for c in exported.constants]
+    assert len(outer.program.mlir_module_serialized) < exported.constants[0].nbytes // 2
+    again = frozenconst.load(outer.save(tmp_path / "outer"))
+    x, y = jnp.linspace(-1.0, 1.0, 64), jnp.ones(64)
+    np.testing.assert_array_equal(again(x, y), jax.jit(lambda x, y: jnp.tanh(exported(x)) + y)(x, y))
+
+
 # -- bad input ------------------------------------------------------------------------------------
 
 
@@ -463,6 +474,28 @@ def test_a_directory_of_other_files_is_not_saved_into(tmp_path, saved):
         exported.save(tmp_path / "theirs")
     assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
     assert [p.name for p in (tmp_path / "theirs").iterdir()] == ["manifest.json"]
+
+
+def test_a_wrong_call_names_the_users_own_argument(saved):
+    # The program takes the constants first; the user's function does not.
+    path, exported = saved
+    two = frozenconst.export(lambda x, y: exported(x) + y, SPEC64, SPEC64)
+    for program in (exported, frozenconst.load(path)):
+        with pytest.raises(
+            frozenconst.FrozenConstValueError, match=r"^Shape mismatch for args\[0\]\.shape\[0\]"
+        ):
+            program(jnp.ones(65))
+        with pytest.raises(
+            frozenconst.FrozenConstValueError, match=r"^Dtype mismatch for args\[0\]: expected float32"
+        ):
+            program(jnp.ones(64, jnp.int32))
+        with pytest.raises(
+            frozenconst.FrozenConstValueError,
+            match=r"args is a tuple of length 2 in the invocation and a tuple of length 1 when exported",
+        ):
+            program(jnp.ones(64), jnp.ones(64))
+    with pytest.raises(frozenconst.FrozenConstValueError, match=r"^Shape mismatch for args\[1\]\.shape\[0\]"):
+        two(jnp.ones(64), jnp.ones(3))
 
 
 def test_bad_options():
