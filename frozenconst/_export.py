@@ -171,8 +171,11 @@ class Exported:
                 "frozenconst cannot save this program's derivatives (`vjp_order`): a constant's device "
                 "buffer it was exported with was evicted or deleted since. Export it again, then save."
             )
-        with export_inputs({id(v): i for i, v in enumerate(self._buffers)}):
-            return bytes(self.program.serialize(vjp_order=vjp_order))
+        try:
+            with export_inputs({id(v): i for i, v in enumerate(self._buffers)}):
+                return bytes(self.program.serialize(vjp_order=vjp_order))
+        except ImportError as err:
+            raise _serialization_missing("save", err) from err
 
 
 class Loaded:
@@ -554,6 +557,16 @@ def _commit(directory: pathlib.Path, program: bytes, manifest: bytes) -> None:
                 os.unlink(aside)
 
 
+def _serialization_missing(step: str, err: ImportError) -> FrozenConstRuntimeError:
+    """JAX's serialization of exported programs could not be imported: `flatbuffers`, which
+    frozenconst declares (JAX does not), is missing from this environment."""
+    return FrozenConstRuntimeError(
+        f"frozenconst cannot {step} the program: JAX's serialization of exported programs needs the "
+        f"`flatbuffers` package, which cannot be imported here ({err}). Install it (`pip install "
+        "flatbuffers`); frozenconst declares it, so installing frozenconst with pip brings it too."
+    )
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -677,6 +690,8 @@ def _program(where: pathlib.Path, manifest: dict[str, Any]) -> Any:
         )
     try:
         return jax.export.deserialize(bytearray(data))
+    except ImportError as err:
+        raise _serialization_missing("load", err) from err
     except Exception as err:  # whatever JAX raises for a program it cannot read
         why = f"{type(err).__name__}: {str(err)[:200]}"
         if recorded is None and saved_with == jax.__version__:

@@ -680,6 +680,27 @@ def test_processes_saving_one_program_at_once_each_succeed_and_leave_one_whole_p
     assert [p.suffix for p in (tmp_path / "shared").iterdir()] == [".npy"]
 
 
+_WITHOUT_FLATBUFFERS = """
+import sys
+sys.modules["flatbuffers"] = None  # not installed: `import flatbuffers` raises ImportError
+import pathlib, jax, jax.numpy as jnp, numpy as np, frozenconst
+table = frozenconst.FrozenConst(np.ones((64, 64), np.float32))
+exported = frozenconst.export(lambda x: table @ x, jax.ShapeDtypeStruct((64,), jnp.float32))
+try:
+    exported.save(pathlib.Path(sys.argv[1]) / "prog")
+except frozenconst.FrozenConstRuntimeError as err:
+    print("REFUSED", err)
+"""
+
+
+@pytest.mark.subprocess
+def test_without_flatbuffers_save_says_what_to_install(tmp_path):
+    code, out = run_bounded([sys.executable, "-c", textwrap.dedent(_WITHOUT_FLATBUFFERS), str(tmp_path)])
+    assert code == 0, out[-3000:]
+    assert "REFUSED frozenconst cannot save the program: JAX's serialization" in out, out[-3000:]
+    assert "(`pip install flatbuffers`)" in out and not (tmp_path / "prog").exists()
+
+
 def test_where_the_lowering_cannot_be_rewired_export_refuses(monkeypatch):
     # `_compat.rewire_hoisted`'s fallback (a JAX whose lowered module frozenconst cannot rewire):
     # a clear error, never a program that embeds the constants silently. No installed JAX takes
