@@ -256,6 +256,8 @@ class Store:
 
     # The page-locked `jax.Array` whose memory `_host` views, or None (pageable memory).
     _pinned: jax.Array | None
+    # The content digest (`fingerprint`), computed on first request, or given at construction.
+    _fingerprint: str | None
     # A constant with host data (`_derived.Derived` is not).
     concrete = True
     # What a derived value is served from (`_derived.Derived.leaf`); a constant has none.
@@ -269,15 +271,19 @@ class Store:
         host_memory: HostMemory = "pageable",
         mapped: bool = False,
         weak: bool = False,
+        digest: str | None = None,
     ) -> None:
         # `host_memory` (validated, `_host.host_memory_choice`) says where the frozen
-        # `host` lives from now on; `mapped`: it was copied from a memory map; `weak`: it
-        # holds a Python scalar, weakly typed as `jnp.asarray` types one.
+        # `host` lives from now on; `mapped`: it was copied from a memory map, or is one (a
+        # loaded constant's read-only map of its file); `weak`: it holds a Python scalar, weakly
+        # typed as `jnp.asarray` types one; `digest`: `host`'s fingerprint, where the caller has just
+        # hashed it (a loaded constant's, checked against its manifest).
         # Placed before `_setup`, which makes the store live (`STATE.live`).
         placed, pinned = host_buffer(host, host_memory, lambda: _default_device(DEFAULT_DEVICE.value), mapped)
         self._setup(host.shape, host.dtype)
         self._host, self._pinned = placed, pinned
         self.weak = weak
+        self._fingerprint = digest
 
     def _setup(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
         self.shape: tuple[int, ...] = shape
@@ -296,7 +302,7 @@ class Store:
         # programs then embed it rather than hold a buffer the next donation deletes (`_hoist`).
         self.volatile = False
         self._lock = threading.Lock()
-        self._fingerprint: str | None = None
+        self._fingerprint = None
         # Accounting (`frozenconst.stats()`): uses served from the cache, and
         # host-to-device transfers made (one per device buffer filled from the host).
         self.hits = 0

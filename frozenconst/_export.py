@@ -6,9 +6,9 @@ each buffer from its input, at every level of nesting): the serialized program h
 their data. `save` writes JAX's serialized program and a manifest into a directory, and each
 constant once, as a `.npy` file named by its fingerprint, into a store (by default inside that
 directory; one shared by several programs keeps each constant once). `load` reads the manifest,
-maps each file into a read-only constant (interned, its digest checked against the manifest's)
-and returns a callable of the user's own arguments, which passes the constants to the program as
-its parameters.
+makes each file's read-only map a constant, no copy (its digest checked against the manifest's,
+interned), and returns a callable of the user's own arguments, which passes the constants to
+the program as its parameters.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._cache import OWNER_REFS, Use
+from ._cache import OWNER_REFS, Store, Use
 from ._compat import X64, numpy_of
 from ._errors import FrozenConstRuntimeError, FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._fingerprint import fingerprint
 from ._frozen import FrozenConst, _sharding_state  # pyright: ignore[reportPrivateUsage]
 from ._hoist import EMBED_MAX_BYTES, export_inputs
-from ._host import human_bytes
+from ._host import ALIGNMENT, host_memory_choice, human_bytes
 from ._intern import intern
 from ._jaxprs import walk, where
 from ._partial import spans_processes
@@ -452,7 +452,11 @@ def _write_blob(path: pathlib.Path, constant: FrozenConst) -> None:
     """Write the constant's host data to `path` (aside, then renamed), unless it is there."""
     if path.exists():
         return  # stored by content: the same name is the same data (checked at load)
-    _write_aside(path, lambda f: np.lib.format.write_array(f, np.asarray(constant), allow_pickle=False))
+    _write_aside(
+        path,
+        lambda f: np.lib.format.write_array(f, np.asarray(constant), allow_pickle=False),
+        mode=0o444,  # read-only: written once, never in place (a loaded constant maps it)
+    )
 
 
 def _aside(path: pathlib.Path) -> pathlib.Path:
@@ -460,12 +464,14 @@ def _aside(path: pathlib.Path) -> pathlib.Path:
     return path.with_name(f".{path.name}.writing-{uuid.uuid4().hex[:12]}")
 
 
-def _write_aside(path: pathlib.Path, write: Callable[[Any], object]) -> None:
-    """Write a file whole at `path`: written under another name, then renamed over it."""
+def _write_aside(path: pathlib.Path, write: Callable[[Any], object], mode: int | None = None) -> None:
+    """Write a file whole at `path`: written under another name (given `mode`), then renamed over it."""
     aside = _aside(path)
     try:
         with open(aside, "wb") as f:
             write(f)
+        if mode is not None:
+            os.chmod(aside, mode)
         os.replace(aside, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -583,11 +589,12 @@ def load(path: PathLike) -> Loaded:
     """Load a program [`Exported.save`][frozenconst.Exported.save] wrote: a callable of the
     original function's arguments, with its constants.
 
-    Each constant is read from its file in the store (memory-mapped), frozen once
-    and interned: programs loaded in one process that share a table share its host
-    buffer and device buffer, and an equal constant already live is that one. Its
-    digest is checked against the manifest's, so a changed or damaged file is an
-    error, never a wrong result. A constant saved with a sharding is placed so; one
+    Each constant's host buffer is its file in the store, mapped read-only (no
+    copy; on the CPU backend its device buffer is the same memory), its digest
+    checked against the manifest's first, so a changed or damaged file is an
+    error, never a wrong result. Constants are interned: programs loaded in one
+    process that share a table share its host buffer and device buffer, and an
+    equal constant already live is that one. A constant saved with a sharding is placed so; one
     spanning several processes is read by each only in the slices it addresses. The
     code that exported the program is not needed.
 
@@ -745,10 +752,32 @@ def _constant(stores: list[pathlib.Path], entry: dict[str, Any], where: pathlib.
         if fingerprint(data) != digest:
             raise _tampered(file, digest)
         return FrozenConst(data, data.dtype, sharding=sharding)
-    constant = intern(data, data.dtype)  # frozen once; the digest hashed from the frozen copy
-    if constant.fingerprint != digest:
-        raise _tampered(file, digest)
+    host = _in_place(data)
+    if host is None:  # a file the map cannot serve in place: frozen once, as a copy
+        constant = intern(data, data.dtype)  # the digest hashed from the frozen copy
+        if constant.fingerprint != digest:
+            raise _tampered(file, digest)
+    else:
+        if fingerprint(host) != digest:  # the very bytes the constant holds
+            raise _tampered(file, digest)
+        store = Store(host, host_memory_choice(None), mapped=True, digest=digest)
+        constant = intern(FrozenConst._of(store))  # pyright: ignore[reportPrivateUsage] - a constant over the map
     return constant if sharding is None else constant.placed(sharding)
+
+
+def _in_place(data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+    """`data`, NumPy's read-only map of a constant's file, as the constant's host buffer without a
+    copy: the file's pages, which no one can write through the map (the kernel refuses, and NumPy
+    will not make the array writable again). Where it is C-ordered in native byte order and starts
+    on a 64-byte boundary, as `save` writes it (JAX's CPU backend then uses the same memory for
+    the device buffer, jax #37830); else None, and the caller copies it."""
+    if not isinstance(data, np.memmap) or data.mode != "r" or not data.size:
+        return None
+    host = np.asarray(data)  # a plain array; its owner, the read-only map
+    address = host.__array_interface__["data"][0]
+    if host.flags.writeable or not host.flags.c_contiguous or not host.dtype.isnative or address % ALIGNMENT:
+        return None
+    return host
 
 
 def _tampered(file: pathlib.Path, digest: str) -> FrozenConstValueError:

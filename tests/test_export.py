@@ -5,6 +5,7 @@ loads (it has only frozenconst and NumPy) and compares with what the first compu
 Figures of size are JAX's own: the serialized program's bytes, beside `jax.export`'s.
 """
 
+import gc
 import hashlib
 import json
 import os
@@ -19,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import enable_x64, free_port, run_bounded, run_processes, subprocess_env
+from helpers import enable_x64, free_port, on_cpu, run_bounded, run_processes, subprocess_env
 
 import frozenconst
 from frozenconst import FrozenConst
@@ -295,6 +296,8 @@ def test_a_damaged_constant_is_an_error_never_a_wrong_result(saved, damage):
     path, _ = saved
     blob = _blob(path)
     data = bytearray(blob.read_bytes())
+    assert blob.stat().st_mode & 0o777 == 0o444  # saved read-only: written once, never in place
+    blob.chmod(0o644)  # as someone who means to change it
     if damage == "a byte changed":
         data[-3] ^= 0x40
         blob.write_bytes(bytes(data))
@@ -699,6 +702,65 @@ def test_without_flatbuffers_save_says_what_to_install(tmp_path):
     assert code == 0, out[-3000:]
     assert "REFUSED frozenconst cannot save the program: JAX's serialization" in out, out[-3000:]
     assert "(`pip install flatbuffers`)" in out and not (tmp_path / "prog").exists()
+
+
+@pytest.mark.subprocess
+def test_loading_and_the_first_call_make_no_second_host_copy(tmp_path):
+    # A 256 MiB table loaded in a fresh process (after a first small program, which costs what
+    # any process's first compile does), on the CPU backend, where device buffers are host memory.
+    worker = str(pathlib.Path(__file__).resolve().parent / "export_worker.py")
+    code, out = run_bounded(
+        [sys.executable, worker, str(tmp_path), "memory", "256"], env=subprocess_env("cpu")
+    )
+    assert code == 0, out[-3000:]
+    (line,) = [line.split() for line in out.splitlines() if line.startswith("MEMORY")]
+    anon, peak, anon_after, nbytes = (int(v) for v in line[1:])
+    assert nbytes == 256 << 20
+    assert anon < nbytes // 50, line  # the file's pages, mapped: no anonymous copy
+    assert peak <= 1.1 * nbytes, line  # load and first call: the table once
+    assert anon_after < nbytes // 10, line  # the device buffer is the same memory
+
+
+def _mapping_of(address):
+    """The line of /proc/self/maps whose range holds `address` (Linux)."""
+    for line in pathlib.Path("/proc/self/maps").read_text().splitlines():
+        low, high = (int(v, 16) for v in line.split()[0].split("-"))
+        if low <= address < high:
+            return line
+    raise AssertionError(hex(address))
+
+
+def _saved_alone(path, data):
+    """`data`'s matvec saved to `path`, nothing of it left alive here (a load then maps it)."""
+
+    def save():  # its constant and program die with the call
+        table = FrozenConst(data)
+        frozenconst.export(lambda x: table @ x, jax.ShapeDtypeStruct((data.shape[1],), jnp.float32)).save(
+            path
+        )
+
+    save()
+    gc.collect()
+    return path
+
+
+def test_a_loaded_constant_is_a_read_only_map_of_its_file(tmp_path):
+    if not pathlib.Path("/proc/self/maps").exists():
+        pytest.skip("reads the process's mappings from Linux's /proc/self/maps")
+    data = _table((64, 64), 19)
+    loaded = frozenconst.load(_saved_alone(tmp_path / "prog", data))
+    (constant,) = loaded.constants
+    host = np.asarray(constant)
+    address = host.__array_interface__["data"][0]
+    fields = _mapping_of(address).split()
+    (blob,) = (tmp_path / "prog" / "constants").glob("*.npy")
+    assert fields[1].startswith("r-") and fields[-1] == str(blob.resolve())  # no one writes it
+    assert not host.flags.writeable
+    with pytest.raises(ValueError, match="WRITEABLE"):
+        host.flags.writeable = True
+    if on_cpu():  # the device buffer is the same memory (jax #37830)
+        assert jnp.asarray(constant).unsafe_buffer_pointer() == address
+    _loads_as_the_argument_form(tmp_path / "prog", data)
 
 
 def test_where_the_lowering_cannot_be_rewired_export_refuses(monkeypatch):
