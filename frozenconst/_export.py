@@ -522,9 +522,18 @@ def _check_replaceable(directory: pathlib.Path, store: pathlib.Path) -> None:
     # What a save writes there (an interrupted or concurrent one too): its program, the store
     # (the default one, or where `constants=` puts it inside), and its files being written.
     inside = {"constants", PROGRAM}
+    blobs = False  # the store is the directory itself: its constants' files are there too
     with contextlib.suppress(ValueError):
-        inside.add(pathlib.Path(_lexical(store)).relative_to(_lexical(directory)).parts[0])
-    others = sorted(n for n in names if n not in inside and not (n.startswith(".") and ".writing-" in n))
+        parts = pathlib.Path(_lexical(store)).relative_to(_lexical(directory)).parts
+        inside.update(parts[:1])
+        blobs = not parts
+    others = sorted(
+        n
+        for n in names
+        if n not in inside
+        and not (n.startswith(".") and ".writing-" in n)
+        and not (blobs and n.endswith(".npy"))
+    )
     if others:
         raise FrozenConstValueError(
             f"frozenconst will not save into {directory}: it holds files but no saved program "

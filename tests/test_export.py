@@ -407,14 +407,15 @@ def test_the_path_of_the_manifest_loads_its_directory_and_another_file_is_named(
 
 
 @pytest.mark.parametrize(
-    "stores", [("named", "named"), (None, "named"), ("named", None), ("nested", "nested", None)]
+    "stores",
+    [("named", "named"), (None, "named"), ("named", None), ("nested", "nested", None), ("itself", "itself")],
 )
 def test_a_store_inside_the_program_directory_survives_every_save(tmp_path, stores):
     # The default store named explicitly (`path / "constants"`), or another inside `path`: each
     # save, first or over an earlier one, leaves a program that loads, and nothing beside it.
     data, exported = _matvec()
     path = tmp_path / "prog"
-    where = {None: None, "named": path / "constants", "nested": path / "blobs" / "store"}
+    where = {None: None, "named": path / "constants", "nested": path / "blobs" / "store", "itself": path}
     for store in stores:
         assert exported.save(path, constants=where[store]) == path
         _loads_as_the_argument_form(path, data)
