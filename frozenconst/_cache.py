@@ -255,6 +255,8 @@ class Store:
 
     # What the host holds for transfers besides `_host` (`_host_memory`: pageable or pinned).
     memory: HostCopy
+    # The content digest (`fingerprint`), computed on first request, or given at construction.
+    _fingerprint: str | None
     # A constant with host data (`_derived.Derived` is not).
     concrete = True
     # What a derived value is served from (`_derived.Derived.leaf`); a constant has none.
@@ -267,14 +269,18 @@ class Store:
         host: np.ndarray[Any, Any],
         host_memory: HostMemory = "pageable",
         weak: bool = False,
+        digest: str | None = None,
     ) -> None:
         # `host_memory` (validated, `_host_memory.host_memory_choice`) says what the host holds
-        # for transfers besides the frozen `host`; `weak`: it holds a Python scalar, weakly typed
-        # as `jnp.asarray` types one.
+        # for transfers besides the frozen `host` (a constant's own copy, or a loaded constant's
+        # read-only map of its file); `weak`: it holds a Python scalar, weakly typed as
+        # `jnp.asarray` types one; `digest`: `host`'s fingerprint, where the caller has just
+        # hashed it (a loaded constant's, checked against its manifest).
         self._setup(host.shape, host.dtype)
         self._host = host
         self.memory = host_copy(host_memory)
         self.weak = weak
+        self._fingerprint = digest
 
     def _setup(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
         self.shape: tuple[int, ...] = shape
@@ -293,7 +299,7 @@ class Store:
         # programs then embed it rather than hold a buffer the next donation deletes (`_hoist`).
         self.volatile = False
         self._lock = threading.Lock()
-        self._fingerprint: str | None = None
+        self._fingerprint = None
         # Accounting (`frozenconst.stats()`): uses served from the cache, and
         # host-to-device transfers made (one per device buffer filled from the host).
         self.hits = 0

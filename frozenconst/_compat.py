@@ -603,6 +603,14 @@ class Hooks:
             return jax.sharding.NamedSharding(context, _replicated())
         return None
 
+    @staticmethod
+    def keeping_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
+        """`lower`'s keyword arguments with every input of the program kept (`keep_unused`, which
+        pjit passes by keyword): an exported program's constant inputs, which its function reads
+        as closures and so never uses, are where frozenconst wires the constants; JAX's own VJP
+        of an exported program (`Exported.vjp`) is jitted without `keep_unused`."""
+        return {**kwargs, "keep_unused": True}
+
     def hoisting(self, parameters: Any) -> Any:
         """`parameters` with JAX's hoisting of literal constants switched on."""
         import dataclasses
@@ -786,7 +794,17 @@ def rewire_hoisted(lowering: Any, inputs: list[int]) -> bool:
             return False
         types = list(main.type.inputs)
         kept = [i for i in range(len(types)) if i not in set(hoisted)]
-        name = "_frozenconst_export_main"
+        # A name no other function of the module has: one that calls an exported program holds
+        # that program's functions too (merged by JAX), frozenconst's renamed `main` among them.
+        taken = {
+            ir.StringAttr(op.attributes["sym_name"]).value
+            for op in module.body.operations
+            if "sym_name" in op.attributes
+        }
+        name, suffix = "_frozenconst_export_main", 0
+        while name in taken:
+            suffix += 1
+            name = f"_frozenconst_export_main_{suffix}"
         main.attributes["sym_visibility"] = ir.StringAttr.get("private")
         main.attributes["sym_name"] = ir.StringAttr.get(name)
         new_main = _func.FuncOp(

@@ -6,18 +6,19 @@ each buffer from its input, at every level of nesting): the serialized program h
 their data. `save` writes JAX's serialized program and a manifest into a directory, and each
 constant once, as a `.npy` file named by its fingerprint, into a store (by default inside that
 directory; one shared by several programs keeps each constant once). `load` reads the manifest,
-maps each file into a read-only constant (interned, its digest checked against the manifest's)
-and returns a callable of the user's own arguments, which passes the constants to the program as
-its parameters.
+makes each file's read-only map a constant, no copy (its digest checked against the manifest's,
+interned), and returns a callable of the user's own arguments, which passes the constants to
+the program as its parameters.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import pathlib
-import shutil
+import re
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
@@ -26,13 +27,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._cache import OWNER_REFS
-from ._compat import numpy_of
+from ._cache import OWNER_REFS, Store, Use
+from ._compat import X64, numpy_of
 from ._errors import FrozenConstRuntimeError, FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._fingerprint import fingerprint
 from ._frozen import FrozenConst, _sharding_state  # pyright: ignore[reportPrivateUsage]
 from ._hoist import EMBED_MAX_BYTES, export_inputs
-from ._host import human_bytes
+from ._host import ALIGNMENT, human_bytes
+from ._host_memory import host_memory_choice
 from ._intern import intern
 from ._jaxprs import walk, where
 from ._partial import spans_processes
@@ -69,13 +71,18 @@ class Exported:
         program: Any,
         constants: tuple[FrozenConst, ...],
         embedded: tuple[tuple[str, str, int, str | None], ...],
+        buffers: tuple[jax.Array, ...] = (),
     ) -> None:
         self.program = program
         self.constants = constants
         self.embedded = embedded
+        self._dtypes = _constant_dtypes(program, constants)
+        # The constants' buffers the program was traced with, which its derivatives' programs
+        # (`vjp_order`) read too: each wired to its constant input when those are exported.
+        self._buffers = buffers
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _call(self.program, self.constants, args, kwargs)
+        return _call(self.program, self.constants, self._dtypes, args, kwargs)
 
     def __repr__(self) -> str:
         total = sum(c.nbytes for c in self.constants)
@@ -88,14 +95,17 @@ class Exported:
         """Write the program into the directory `path`, each constant once into a store.
 
         The directory holds `manifest.json` (the format, the JAX and frozenconst
-        versions, and each constant's fingerprint, dtype, shape and sharding) and JAX's
-        serialized program; the store holds each constant as `<sha256>.npy`, which
-        NumPy reads alone (`np.load`). The program directory is written whole or not
-        at all (written aside, then renamed); a constant already in the store is not
-        written again.
+        versions, the program's calling convention version, platforms and digest, and
+        each constant's fingerprint, dtype, shape and sharding) and JAX's serialized
+        program; the store holds each constant as `<sha256>.npy`, which
+        NumPy reads alone (`np.load`). Each file is written aside and renamed into
+        place, the manifest last, so a reader finds the new program whole or the one
+        saved there before; a constant already in the store is not written again. A
+        save deletes nothing: the store (inside `path` or not) and other files there
+        are kept.
 
         Arguments:
-            path: the program's directory; replaced if it holds a program already.
+            path: the program's directory; a program saved there before is replaced.
             constants: the store's directory (default: `path/constants`); programs
                 saved into one store share each constant's file.
             vjp_order: as `jax.export.Exported.serialize`: how many orders of
@@ -112,19 +122,9 @@ class Exported:
         """
         directory = pathlib.Path(path)
         store = directory / "constants" if constants is None else pathlib.Path(constants)
-        program = bytes(self.program.serialize(vjp_order=vjp_order))
+        program = self._serialized(vjp_order)
         entries = [_entry(c) for c in self.constants]
-        aside = directory.parent / f".{directory.name}.saving-{uuid.uuid4().hex[:8]}"
         try:
-            directory.parent.mkdir(parents=True, exist_ok=True)
-            aside.mkdir()
-            written_store = aside / "constants" if constants is None else store
-            written_store.mkdir(parents=True, exist_ok=True)
-            for constant, entry in zip(self.constants, entries, strict=True):
-                _write_blob(written_store / entry["file"], constant)
-            relative = (
-                "constants" if constants is None else os.path.relpath(store.resolve(), directory.resolve())
-            )
             manifest = {
                 "kind": _KIND,
                 "format": FORMAT,
@@ -132,24 +132,51 @@ class Exported:
                 "frozenconst": _version(),
                 "function": self.program.fun_name,
                 "program": PROGRAM,
+                "program_fingerprint": _digest(program),
+                # The exported program's calling convention (`jax.export`'s version of it, and the
+                # platforms it was lowered for): which JAX versions can call it.
+                "calling_convention_version": self.program.calling_convention_version,
+                "platforms": list(self.program.platforms),
                 "vjp_order": vjp_order,
-                "constants_dir": relative,
+                **_store_record(directory, store),
                 "constants": entries,
                 "embedded": [
                     {"kind": k, "array": a, "bytes": n, "line": line} for k, a, n, line in self.embedded
                 ],
             }
-            (aside / PROGRAM).write_bytes(program)
-            (aside / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-            _replace_dir(aside, directory)
+            made = _make_dir(directory)
+            try:
+                _check_replaceable(directory, store)
+                store.mkdir(parents=True, exist_ok=True)
+                for constant, entry in zip(self.constants, entries, strict=True):
+                    _write_blob(store / entry["file"], constant)
+                _commit(directory, program, (json.dumps(manifest, indent=1) + "\n").encode())
+            except BaseException:
+                for created in reversed(made):  # what this save made and left empty
+                    with contextlib.suppress(OSError):
+                        created.rmdir()
+                raise
         except OSError as err:
-            shutil.rmtree(aside, ignore_errors=True)
             raise FrozenConstRuntimeError(
                 f"frozenconst cannot save the program to {directory} (constants to {store}): "
                 f"{err.strerror or err}. Nothing was left half-written there; save to a directory you "
                 "can write."
             ) from err
         return directory
+
+    def _serialized(self, vjp_order: int) -> bytes:
+        """JAX's serialized program, with its derivatives' programs to `vjp_order`, each exported
+        (by JAX, at this call) with the constants kept out as the program's first inputs."""
+        if vjp_order and any(_owner(v) is None for v in self._buffers):
+            raise FrozenConstRuntimeError(
+                "frozenconst cannot save this program's derivatives (`vjp_order`): a constant's device "
+                "buffer it was exported with was evicted or deleted since. Export it again, then save."
+            )
+        try:
+            with export_inputs({id(v): i for i, v in enumerate(self._buffers)}):
+                return bytes(self.program.serialize(vjp_order=vjp_order))
+        except ImportError as err:
+            raise _serialization_missing("save", err) from err
 
 
 class Loaded:
@@ -166,19 +193,81 @@ class Loaded:
         self.program = program
         self.constants = constants
         self.path = path
+        self._dtypes = _constant_dtypes(program, constants)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _call(self.program, self.constants, args, kwargs)
+        return _call(self.program, self.constants, self._dtypes, args, kwargs)
 
     def __repr__(self) -> str:
         count = len(self.constants)
         return f"frozenconst.Loaded({self.program.fun_name}, {count} constant(s), from {self.path})"
 
 
-def _call(program: Any, constants: tuple[FrozenConst, ...], args: Any, kwargs: Any) -> Any:
+def _constant_dtypes(program: Any, constants: tuple[FrozenConst, ...]) -> tuple[np.dtype[Any], ...]:
+    """The dtypes the program takes its constants in (its first inputs): those JAX gave them
+    under the x64 setting it was exported with."""
+    return tuple(np.dtype(aval.dtype) for aval in program.in_avals[: len(constants)])
+
+
+def _call(
+    program: Any,
+    constants: tuple[FrozenConst, ...],
+    dtypes: tuple[np.dtype[Any], ...],
+    args: Any,
+    kwargs: Any,
+) -> Any:
     # The constants' buffers, as arrays (the program's constant inputs are leaves): passed as
     # arguments, or, inside a trace, closed over and so parameters of that program too.
-    return program.call(tuple(c.__jax_array__() for c in constants), *args, **kwargs)
+    fed = tuple(_fed(c, d) for c, d in zip(constants, dtypes, strict=True))
+    try:
+        return program.call(fed, *args, **kwargs)
+    except ValueError as err:  # JAX's checks of the call, which number the constants args[0]
+        told = _users_words(str(err))
+        if told is None:
+            raise
+        raise FrozenConstValueError(told) from None
+
+
+_ARGUMENT = re.compile(r"args\[(\d+)\](\[(\d+)\])?")
+_LENGTHS = re.compile(r"args is a tuple of length (\d+) in the invocation and a tuple of length (\d+)")
+
+
+def _users_words(message: str) -> str | None:
+    """JAX's message about a call of `g(constants, *args)` in the words of the user's function:
+    `args[1]` is the user's `args[0]`; None where it names no argument."""
+
+    def argument(found: re.Match[str]) -> str:
+        index = int(found.group(1))
+        if index:
+            return f"args[{index - 1}]{found.group(2) or ''}"
+        which = "constants" if found.group(3) is None else f"constant {found.group(3)}"
+        return f"frozenconst's {which} (the program's own first input)"
+
+    def lengths(found: re.Match[str]) -> str:
+        called, exported = (int(n) - 1 for n in found.groups())
+        return f"args is a tuple of length {called} in the invocation and a tuple of length {exported}"
+
+    told = _LENGTHS.sub(lengths, _ARGUMENT.sub(argument, message))
+    return None if told == message else told
+
+
+def _fed(constant: FrozenConst, dtype: np.dtype[Any]) -> jax.Array:
+    """The constant's device buffer in `dtype`, the one the program takes it in, whatever the
+    caller's x64 setting: a constant held as float64 on the host (`dtype=np.float64`) is a
+    float32 input of a program exported with x64 off, and a float64 one of a program exported
+    with it on. Each setting's buffer is made once and cached, as any use's is."""
+    array = constant.__jax_array__()
+    if array.dtype == dtype:
+        return array
+    with jax.enable_x64(not X64.value):  # the other setting: the one the program was exported under
+        other = constant.__jax_array__()
+    if other.dtype != dtype:
+        raise FrozenConstValueError(
+            f"The program takes a constant as {dtype}, which JAX makes of its {constant.host_dtype} host "
+            f"data under neither x64 setting: the constant is not the one the program was exported with. "
+            "Export and save the program again."
+        )
+    return other
 
 
 def export(
@@ -266,7 +355,7 @@ def export(
             FrozenConstWarning,
             stacklevel=2,
         )
-    return Exported(program, tuple(constants), tuple(embedded))
+    return Exported(program, tuple(constants), tuple(embedded), tuple(values))
 
 
 def _found(
@@ -280,9 +369,7 @@ def _found(
         key = id(value)
         if key in constants or key in embedded:
             continue
-        ref = OWNER_REFS.get(key)
-        store = None if ref is None else ref()
-        use = None if store is None else store.sharding_of(value)
+        use = _owner(value)
         nbytes = int(np.prod(np.shape(value))) * np.dtype(value.dtype).itemsize
         if nbytes <= embed_max_bytes:
             continue
@@ -294,6 +381,13 @@ def _found(
             shown = f"{np.dtype(value.dtype)}{list(np.shape(array if array is not None else value))}"
             embedded[key] = (kind, shown, nbytes, where(eqn))
     return list(constants.values()), list(embedded.values())
+
+
+def _owner(value: Any) -> Use | None:
+    """The constant whose cached buffer `value` is (its store and declared sharding), or None."""
+    ref = OWNER_REFS.get(id(value))
+    store = None if ref is None else ref()
+    return None if store is None else store.sharding_of(value)
 
 
 def _sharding_of(value: jax.Array) -> Any:
@@ -359,34 +453,134 @@ def _write_blob(path: pathlib.Path, constant: FrozenConst) -> None:
     """Write the constant's host data to `path` (aside, then renamed), unless it is there."""
     if path.exists():
         return  # stored by content: the same name is the same data (checked at load)
-    aside = path.with_name(f".{path.name}.writing-{uuid.uuid4().hex[:8]}")
+    _write_aside(
+        path,
+        lambda f: np.lib.format.write_array(f, np.asarray(constant), allow_pickle=False),
+        mode=0o444,  # read-only: written once, never in place (a loaded constant maps it)
+    )
+
+
+def _aside(path: pathlib.Path) -> pathlib.Path:
+    """A name beside `path` that only this write uses (several processes may save at once)."""
+    return path.with_name(f".{path.name}.writing-{uuid.uuid4().hex[:12]}")
+
+
+def _write_aside(path: pathlib.Path, write: Callable[[Any], object], mode: int | None = None) -> None:
+    """Write a file whole at `path`: written under another name (given `mode`), then renamed over it."""
+    aside = _aside(path)
     try:
         with open(aside, "wb") as f:
-            np.lib.format.write_array(f, np.asarray(constant), allow_pickle=False)
+            write(f)
+        if mode is not None:
+            os.chmod(aside, mode)
         os.replace(aside, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(aside)
 
 
-def _replace_dir(aside: pathlib.Path, directory: pathlib.Path) -> None:
-    """Put the directory `aside` at `directory`, replacing a program saved there before."""
-    if not directory.exists():
-        os.replace(aside, directory)
-        return
-    if not (directory / MANIFEST).exists() and any(directory.iterdir()):
-        raise FrozenConstValueError(
-            f"frozenconst will not replace {directory}: it holds files but no saved program "
-            f"({MANIFEST}). Save to a new or empty directory."
-        )
-    old = directory.parent / f".{directory.name}.replaced-{uuid.uuid4().hex[:8]}"
-    os.replace(directory, old)
+def _lexical(path: PathLike) -> str:
+    """`path` made absolute with its `..` taken away by name, as given: symbolic links are not
+    followed, so a store reached through one is found through it again, wherever it points then."""
+    return os.path.normpath(os.path.abspath(path))
+
+
+def _store_record(directory: pathlib.Path, store: pathlib.Path) -> dict[str, str]:
+    """Where the manifest says the store is: relative to the program's directory, so that the two
+    moved together still find each other, and, for a store outside that directory, also by its
+    absolute path, so that the program moved alone does."""
     try:
-        os.replace(aside, directory)
-    except OSError:
-        os.replace(old, directory)  # the program saved before, back
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+        relative = os.path.relpath(_lexical(store), _lexical(directory))
+    except ValueError:  # another drive (Windows): no relative path
+        return {"constants_dir": _lexical(store)}
+    if relative == os.pardir or relative.startswith(os.pardir + os.sep):
+        return {"constants_dir": relative, "constants_path": _lexical(store)}
+    return {"constants_dir": relative}
+
+
+def _make_dir(directory: pathlib.Path) -> list[pathlib.Path]:
+    """Make `directory` and its missing parents; the ones this call made, outermost first."""
+    missing = [d for d in (directory, *directory.parents) if not d.exists()]
+    directory.mkdir(parents=True, exist_ok=True)
+    return missing[::-1]
+
+
+def _check_replaceable(directory: pathlib.Path, store: pathlib.Path) -> None:
+    """Refuse a directory that holds files of someone else's: a save writes there only its
+    manifest, its program and the store, and replaces only a manifest frozenconst wrote."""
+    names = set(os.listdir(directory))
+    if MANIFEST in names:
+        try:
+            ours = json.loads((directory / MANIFEST).read_text()).get("kind") == _KIND
+        except (OSError, ValueError, AttributeError):
+            ours = False
+        if ours:
+            return
+        raise FrozenConstValueError(
+            f"frozenconst will not replace {directory / MANIFEST}: frozenconst did not write it (or it "
+            "is damaged). Save to a new or empty directory, or remove that file."
+        )
+    # What a save writes there (an interrupted or concurrent one too): its program, the store
+    # (the default one, or where `constants=` puts it inside), and its files being written.
+    inside = {"constants", PROGRAM}
+    blobs = False  # the store is the directory itself: its constants' files are there too
+    with contextlib.suppress(ValueError):
+        parts = pathlib.Path(_lexical(store)).relative_to(_lexical(directory)).parts
+        inside.update(parts[:1])
+        blobs = not parts
+    others = sorted(
+        n
+        for n in names
+        if n not in inside
+        and not (n.startswith(".") and ".writing-" in n)
+        and not (blobs and n.endswith(".npy"))
+    )
+    if others:
+        raise FrozenConstValueError(
+            f"frozenconst will not save into {directory}: it holds files but no saved program "
+            f"({MANIFEST}), such as {others[0]!r}. Save to a new or empty directory."
+        )
+
+
+def _commit(directory: pathlib.Path, program: bytes, manifest: bytes) -> None:
+    """Put the program and then its manifest in place, each written aside and renamed, so that
+    the manifest a reader finds names a whole program. Where the manifest cannot be put in
+    place, the program saved there before is put back."""
+    target = directory / PROGRAM
+    files = {PROGRAM: _aside(target), MANIFEST: _aside(directory / MANIFEST)}
+    kept = _aside(target)
+    previous: pathlib.Path | None = kept
+    try:
+        files[PROGRAM].write_bytes(program)
+        files[MANIFEST].write_bytes(manifest)
+        try:
+            os.link(target, kept)  # the program saved before, kept until the manifest is in place
+        except OSError:
+            previous = None
+        os.replace(files[PROGRAM], target)
+        try:
+            os.replace(files[MANIFEST], directory / MANIFEST)
+        except BaseException:
+            if previous is not None:
+                os.replace(previous, target)
+            elif not (directory / MANIFEST).exists():
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(target)
+            raise
+    finally:
+        for aside in (*files.values(), kept):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(aside)
+
+
+def _serialization_missing(step: str, err: ImportError) -> FrozenConstRuntimeError:
+    """JAX's serialization of exported programs could not be imported: `flatbuffers`, which
+    frozenconst declares (JAX does not), is missing from this environment."""
+    return FrozenConstRuntimeError(
+        f"frozenconst cannot {step} the program: JAX's serialization of exported programs needs the "
+        f"`flatbuffers` package, which cannot be imported here ({err}). Install it (`pip install "
+        "flatbuffers`); frozenconst declares it, so installing frozenconst with pip brings it too."
+    )
 
 
 def _version() -> str:
@@ -405,25 +599,27 @@ def load(path: PathLike) -> Loaded:
     """Load a program [`Exported.save`][frozenconst.Exported.save] wrote: a callable of the
     original function's arguments, with its constants.
 
-    Each constant is read from its file in the store (memory-mapped), frozen once
-    and interned: programs loaded in one process that share a table share its host
-    buffer and device buffer, and an equal constant already live is that one. Its
-    digest is checked against the manifest's, so a changed or damaged file is an
-    error, never a wrong result. A constant saved with a sharding is placed so; one
+    Each constant's host buffer is its file in the store, mapped read-only (no
+    copy; on the CPU backend its device buffer is the same memory), its digest
+    checked against the manifest's first, so a changed or damaged file is an
+    error, never a wrong result. Constants are interned: programs loaded in one
+    process that share a table share its host buffer and device buffer, and an
+    equal constant already live is that one. A constant saved with a sharding is placed so; one
     spanning several processes is read by each only in the slices it addresses. The
     code that exported the program is not needed.
 
     Arguments:
-        path: the directory `save` wrote.
+        path: the directory `save` wrote (or its `manifest.json`).
 
     Returns:
         A [`Loaded`][frozenconst.Loaded] program.
 
     Raises:
-        FrozenConstValueError: no saved program there, a manifest of a newer format, a
-            constant's file missing, damaged, or not holding what the manifest says.
-        FrozenConstRuntimeError: this JAX cannot read the program (saved with another
-            JAX), or cannot place a constant as it was saved (other devices).
+        FrozenConstValueError: no saved program there, a manifest of a newer format, the
+            program's or a constant's file missing, damaged, or not holding what the
+            manifest says.
+        FrozenConstRuntimeError: this JAX cannot call or read the program (saved with
+            another JAX), or cannot place a constant as it was saved (other devices).
 
     Examples:
         >>> import jax, jax.numpy as jnp, numpy as np, frozenconst, tempfile
@@ -435,10 +631,19 @@ def load(path: PathLike) -> Loaded:
         True
     """
     where = pathlib.Path(path)
+    if where.is_file():
+        if where.name != MANIFEST:
+            raise FrozenConstValueError(
+                f"{where} is a file: give `frozenconst.load` the directory `Exported.save` wrote"
+                + (f", {where.parent}." if (where.parent / MANIFEST).is_file() else ".")
+            )
+        where = where.parent  # the program's manifest: its directory meant
     manifest = _manifest(where)
-    store = (where / manifest["constants_dir"]).resolve()
+    stores = [pathlib.Path(_lexical(os.path.join(where, str(manifest["constants_dir"]))))]
+    if isinstance(manifest.get("constants_path"), str):
+        stores.append(pathlib.Path(manifest["constants_path"]))  # where it was, for a program moved alone
     program = _program(where, manifest)
-    constants = tuple(_constant(store, entry, where) for entry in manifest["constants"])
+    constants = tuple(_constant(stores, entry, where) for entry in manifest["constants"])
     return Loaded(program, constants, where)
 
 
@@ -469,6 +674,10 @@ def _manifest(where: pathlib.Path) -> dict[str, Any]:
     return manifest
 
 
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
 def _program(where: pathlib.Path, manifest: dict[str, Any]) -> Any:
     file = where / str(manifest["program"])
     try:
@@ -478,23 +687,54 @@ def _program(where: pathlib.Path, manifest: dict[str, Any]) -> Any:
             f"{file} cannot be read ({err.strerror or err}): the program of {where} is missing; "
             "save it again."
         ) from err
+    saved_with = manifest.get("jax")
+    recorded = manifest.get("program_fingerprint")  # None: a manifest that records none
+    if recorded is not None and _digest(data) != recorded:
+        raise FrozenConstValueError(
+            f"{file} does not hold the program its manifest was saved with ({recorded}): it was changed "
+            "or damaged since, or a save of another program to this directory did not finish. Save "
+            "the program again."
+        )
+    version = manifest.get("calling_convention_version")
+    low = jax.export.minimum_supported_calling_convention_version
+    high = jax.export.maximum_supported_calling_convention_version
+    if isinstance(version, int) and not low <= version <= high:
+        raise FrozenConstRuntimeError(
+            f"The program in {where} was exported with jax {saved_with} in its calling convention "
+            f"version {version}, which jax {jax.__version__} does not call (it calls versions {low} to "
+            f"{high}). Load it with a JAX that does (jax {saved_with}), or export and save it again "
+            "with this one."
+        )
     try:
         return jax.export.deserialize(bytearray(data))
+    except ImportError as err:
+        raise _serialization_missing("load", err) from err
     except Exception as err:  # whatever JAX raises for a program it cannot read
+        why = f"{type(err).__name__}: {str(err)[:200]}"
+        if recorded is None and saved_with == jax.__version__:
+            advice = "The file was changed or damaged since it was saved: save the program again."
+        elif saved_with == jax.__version__:
+            advice = (
+                "The file is whole (its digest is the manifest's) and this JAX version saved it: JAX's "
+                "error is the cause."
+            )
+        else:
+            advice = f"Load it with jax {saved_with}, or export and save it again with this one."
         raise FrozenConstRuntimeError(
-            f"jax {jax.__version__} cannot read the program in {file}, saved with jax "
-            f"{manifest.get('jax')} ({type(err).__name__}: {str(err)[:200]}). Load it with jax "
-            f"{manifest.get('jax')}, or export and save it again with this one."
+            f"jax {jax.__version__} cannot read the program in {file}, saved with jax {saved_with} "
+            f"({why}). {advice}"
         ) from err
 
 
-def _constant(store: pathlib.Path, entry: dict[str, Any], where: pathlib.Path) -> FrozenConst:
-    file = store / str(entry["file"])
+def _constant(stores: list[pathlib.Path], entry: dict[str, Any], where: pathlib.Path) -> FrozenConst:
+    files = [store / str(entry["file"]) for store in stores]
     digest = str(entry["fingerprint"])
-    if not file.exists():
+    file = next((f for f in files if f.exists()), None)
+    if file is None:
+        also = f" (nor at {files[1]}, where it was saved)" if len(files) > 1 and files[1] != files[0] else ""
         raise FrozenConstValueError(
-            f"{file} is missing: the constant {digest} of the program in {where}. Copy the store it was "
-            f"saved with ({store}) beside it, or save the program again."
+            f"{files[0]} is missing{also}: the constant {digest} of the program in {where}. Copy the store "
+            f"it was saved with ({stores[0]}) beside it, or save the program again."
         )
     try:
         data = np.load(file, mmap_mode="r", allow_pickle=False)
@@ -522,10 +762,32 @@ def _constant(store: pathlib.Path, entry: dict[str, Any], where: pathlib.Path) -
         if fingerprint(data) != digest:
             raise _tampered(file, digest)
         return FrozenConst(data, data.dtype, sharding=sharding)
-    constant = intern(data, data.dtype)  # frozen once; the digest hashed from the frozen copy
-    if constant.fingerprint != digest:
-        raise _tampered(file, digest)
+    host = _in_place(data)
+    if host is None:  # a file the map cannot serve in place: frozen once, as a copy
+        constant = intern(data, data.dtype)  # the digest hashed from the frozen copy
+        if constant.fingerprint != digest:
+            raise _tampered(file, digest)
+    else:
+        if fingerprint(host) != digest:  # the very bytes the constant holds
+            raise _tampered(file, digest)
+        store = Store(host, host_memory_choice(None), digest=digest)
+        constant = intern(FrozenConst._of(store))  # pyright: ignore[reportPrivateUsage] - a constant over the map
     return constant if sharding is None else constant.placed(sharding)
+
+
+def _in_place(data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+    """`data`, NumPy's read-only map of a constant's file, as the constant's host buffer without a
+    copy: the file's pages, which no one can write through the map (the kernel refuses, and NumPy
+    will not make the array writable again). Where it is C-ordered in native byte order and starts
+    on a 64-byte boundary, as `save` writes it (JAX's CPU backend then uses the same memory for
+    the device buffer, jax #37830); else None, and the caller copies it."""
+    if not isinstance(data, np.memmap) or data.mode != "r" or not data.size:
+        return None
+    host = np.asarray(data)  # a plain array; its owner, the read-only map
+    address = host.__array_interface__["data"][0]
+    if host.flags.writeable or not host.flags.c_contiguous or not host.dtype.isnative or address % ALIGNMENT:
+        return None
+    return host
 
 
 def _tampered(file: pathlib.Path, digest: str) -> FrozenConstValueError:

@@ -304,7 +304,10 @@ def _lower_for_export(
     if not keep_out:
         return original(closed, *args, **kwargs)
     program = closed if SIMPLIFIED_CONSTANTS else hoist(closed, keep_out)
-    kwargs = {**kwargs, "lowering_parameters": hooks.hoisting(kwargs["lowering_parameters"])}
+    kwargs = {
+        **hooks.keeping_inputs(kwargs),
+        "lowering_parameters": hooks.hoisting(kwargs["lowering_parameters"]),
+    }
     _lowering.keep_out = keep_out
     try:
         lowering = original(program, *args, **kwargs)

@@ -3,7 +3,8 @@
 `import frozenconst` calls `install()` once; nothing else in the package changes another
 library's state when imported. What it installs:
 
-- FrozenConst as a pytree node (`jax.tree_util`), and as an array type `jax.lax` takes as an
+- FrozenConst as a pytree node (`jax.tree_util`), with its serialization in an exported
+  program's calling convention (`jax.export`), and as an array type `jax.lax` takes as an
   operand where JAX has the tables (`_compat.register_array_type`);
 - frozenconst's files among the frames JAX leaves out of source locations and tracebacks,
   as it leaves its own (`_compat.exclude_package_frames`);
@@ -78,6 +79,15 @@ def install() -> None:
             FrozenConst.tree_unflatten,  # type: ignore[arg-type]
             FrozenConst.tree_flatten,
         )
+        # A FrozenConst in an exported function's arguments or outputs (a params tree):
+        # `jax.export` serializes the trees of its calling convention, each node type by the name
+        # registered here. A constant's node has no auxiliary data.
+        jax.export.register_pytree_node_serialization(
+            FrozenConst,
+            serialized_name="frozenconst.FrozenConst",
+            serialize_auxdata=_no_auxdata,
+            deserialize_auxdata=_none,
+        )
         # `core.typeof(x)` answers the cached buffer's type, where a jax.numpy function asks it
         # before converting (`jnp.bincount(x, weights)`), and `jax.lax` takes the buffer as an
         # operand, on the JAX versions that have the tables.
@@ -96,6 +106,14 @@ def install() -> None:
         STATE.dropped.append(_hoist.dropped)
     register_flax_if_imported()
     register_strategy_if_imported()
+
+
+def _no_auxdata(aux: None) -> bytes:
+    return b""
+
+
+def _none(data: bytes) -> None:
+    return None
 
 
 def observe(observer: Observer) -> bool:

@@ -259,7 +259,7 @@ class _EqxMLPModel(eqx.Module):
 def test_an_equinox_module_with_activations_compiles_with_filter_jit_and_keeps_constants_out():
     data = unique_data((256, 64))
     table = FrozenConst(data)
-    model = _EqxMLPModel(table, eqx.nn.MLP(64, 4, 8, depth=2, key=jax.random.key(1)))
+    model = _EqxMLPModel(table, eqx.nn.MLP(64, 4, 32, depth=2, key=jax.random.key(1)))
     x = jnp.ones(256)
     with pytest.raises(TypeError, match=r"abstract array|valid JAX type") as refused:  # as jax.jit
         frozenconst.jit(lambda m, x: m(x))(model, x)
@@ -272,7 +272,7 @@ def test_an_equinox_module_with_activations_compiles_with_filter_jit_and_keeps_c
         np.testing.assert_allclose(closed_over(x), model(x), rtol=1e-6)
         assert _program_bytes(closed_over.lower(x)) < data.nbytes
     else:
-        with pytest.warns(FrozenConstWarning, match=r"closes over a jax.Array float32\[8, 64\]"):
+        with pytest.warns(FrozenConstWarning, match=r"closes over a jax.Array float32\[32, 64\]"):
             # The MLP's own weights, closed over: embedded, as jax.jit embeds them, and said once.
             np.testing.assert_allclose(closed_over(x), model(x), rtol=1e-6)
         # eqx.filter_jit keeps the table out too (every jit does): its program is the same size.

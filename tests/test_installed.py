@@ -126,3 +126,23 @@ def test_the_wheels_metadata_is_pyprojects():
     assert sorted(meta["Keywords"].split(",")) == sorted(PROJECT["keywords"])
     assert meta["Description-Content-Type"] == "text/markdown"
     assert meta.get_payload().strip() == _long_description().strip()
+
+
+def test_a_program_saves_and_loads_with_the_declared_dependencies_alone(tmp_path):
+    # Under `make package`: an environment holding the wheel, what it declares, and pytest.
+    # JAX's serialization of exported programs imports `flatbuffers`, which JAX does not declare.
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    declared = PROJECT["dependencies"] + (
+        importlib.metadata.requires("frozenconst") if INSTALLED_WHEEL else []
+    )
+    assert any(r.startswith("flatbuffers") for r in declared), declared
+    table = frozenconst.FrozenConst(np.arange(64 * 64, dtype=np.float32).reshape(64, 64) / 4096)
+    exported = frozenconst.export(lambda x: jnp.tanh(table @ x), jax.ShapeDtypeStruct((64,), jnp.float32))
+    loaded = frozenconst.load(exported.save(tmp_path / "prog", vjp_order=1))
+    x = jnp.linspace(-1.0, 1.0, 64)
+    assert (
+        np.asarray(loaded(x)) == np.asarray(jax.jit(lambda t, v: jnp.tanh(t @ v))(jnp.asarray(table), x))
+    ).all()
