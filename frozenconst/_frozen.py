@@ -13,7 +13,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 from numpy.typing import ArrayLike, DTypeLike
 
-from ._cache import STATE, Placement, Store, Use, live_twin
+from ._cache import STATE, Placement, Store, live_twin
 from ._compat import (
     DEFAULT_DEVICE,
     ArrayImpl,
@@ -882,11 +882,6 @@ def content_key(x: FrozenConst) -> tuple[str, bool]:
     """What `intern` compares of a concrete constant: its fingerprint and whether it is weakly typed."""
     store = x._held()  # pyright: ignore[reportPrivateUsage] - its own class's
     return store.fingerprint, bool(getattr(store, "weak", False))
-
-
-def use_of(x: FrozenConst) -> Use:
-    """What `frozenconst.jit` passes for the constant `x`: its store and declared sharding."""
-    return x._held().constant("frozenconst.jit"), x._declared()  # pyright: ignore[reportPrivateUsage]
 
 
 def derived_leaf(x: object) -> Any | None:

@@ -36,12 +36,3 @@ def register_if_imported() -> None:
     """`register()` if hypothesis is imported already; hypothesis is never imported here."""
     if "hypothesis" in sys.modules:
         register()
-
-
-def setup() -> None:
-    """The entry point environments installed before 0.1.0's plugin move still name.
-
-    Their metadata (`pip install -e .` rewrites it) loads this module, and with
-    it the whole package: the cost the new entry point avoids.
-    """
-    register()

@@ -15,16 +15,12 @@ Target: TypeAlias = Device | Sharding | PartitionSpec
 `PartitionSpec` under a mesh set with `jax.set_mesh`."""
 
 
-def _active_mesh() -> Any:
-    return active_mesh()
-
-
 def as_sharding(target: Any, shape: tuple[int, ...]) -> Sharding:
     """Turn a placement target into a sharding valid for an array of `shape`, or raise."""
     if isinstance(target, jax.Device):
         return SingleDeviceSharding(target)
     if isinstance(target, PartitionSpec):
-        mesh = _active_mesh()
+        mesh = active_mesh()
         if mesh is None:
             raise FrozenConstValueError(
                 f"A bare PartitionSpec ({target}) needs an active mesh. Use it inside "
@@ -43,15 +39,3 @@ def as_sharding(target: Any, shape: tuple[int, ...]) -> Sharding:
             f"The sharding {target} does not fit a constant of shape {shape}: {err}"
         ) from err
     return target
-
-
-def mesh_of(tree: Any) -> Any:
-    """The mesh of the first multi-device `NamedSharding` among the arrays in `tree`, if any."""
-    mesh = _active_mesh()
-    if mesh is not None:
-        return mesh
-    for leaf in jax.tree_util.tree_leaves(tree):
-        sharding = getattr(leaf, "sharding", None)
-        if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
-            return sharding.mesh
-    return None

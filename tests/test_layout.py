@@ -24,7 +24,7 @@ LAYERS = [
     ["_export", "_hypothesis_hook"],
     ["_install"],
     ["_guard"],
-    ["_pytest_plugin", "__init__", "__main__"],
+    ["__init__", "__main__"],
 ]
 # The core: a constant's construction, host buffer, device store, pytree handling and array API.
 # It imports nothing of the jit side (`_hoist`, `_jit`, `_filter_jit`, `_export`), of the tools
