@@ -52,9 +52,9 @@ class Derived:
     To autodiff it is a constant, as the constant it stands for is: a value
     being differentiated reaches it only through `lax.stop_gradient`
     (`FrozenConst.tree_unflatten`), so `jax.grad` with respect to a tree holding
-    a FrozenConst gives it a zero gradient (docs/model.md, "What a FrozenConst
-    is to pytree tools"). A concrete leaf (a jitted function's output, an
-    optimizer's update) is a `jax.Array` to a compiled program that closes over it.
+    a FrozenConst gives it a zero gradient (docs/jax.md, "Transformations"). A
+    concrete leaf (a jitted function's output, an optimizer's update) is a
+    `jax.Array` to a compiled program that closes over it.
     """
 
     __slots__ = ("__weakref__", "copy_store", "leaf")

@@ -13,6 +13,8 @@ import contextlib
 import gc
 import itertools
 import json
+import os
+import pathlib
 import sys
 import textwrap
 import warnings
@@ -665,3 +667,56 @@ def test_a_library_scopes_the_warnings_about_its_constants_in_one_line(tmp_path,
     assert [w.filename for w in caught if issubclass(w.category, frozenconst.FrozenConstWarning)] == [
         __file__
     ]
+
+
+def _documented_pytest_setting():
+    """The `filterwarnings` setting docs/jit.md gives a pytest suite, as written there."""
+    text = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "jit.md").read_text()
+    block = text.split("```toml", 1)[1].split("```", 1)[0]
+    return textwrap.dedent(block).strip()
+
+
+_USER_TESTS = """
+import jax, jax.numpy as jnp, numpy as np
+from jax import export
+from frozenconst import FrozenConst
+import mylib_row15.tables as tables
+SPEC = jax.ShapeDtypeStruct((64,), jnp.float32)
+
+def test_the_librarys_constant():
+    export.export(jax.jit(lambda s: tables.log_mel(s)))(SPEC)
+
+def test_my_own_constant():
+    mine = FrozenConst(np.linspace(0.0, 1.0, 64 * 64, dtype=np.float32).reshape(64, 64))
+    export.export(jax.jit(lambda s: mine @ s))(SPEC)
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.pipeline_independent
+def test_a_pytest_suite_that_makes_warnings_errors_scopes_a_librarys_warnings_as_documented(tmp_path):
+    # pytest applies its `filterwarnings` setting before each test, ahead of any filter a module
+    # set at import: the documented setting scopes the library's warnings there, and the
+    # user's own constant still fails their test.
+    package = tmp_path / "mylib_row15"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "tables.py").write_text(_LIBRARY)
+    (tmp_path / "test_user.py").write_text(_USER_TESTS)
+    (tmp_path / "pyproject.toml").write_text(_documented_pytest_setting().replace("mylib", "mylib_row15"))
+    env = {**subprocess_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path), subprocess_env()["PYTHONPATH"]])}
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        "test_user.py",
+    ]
+    code, out = run_bounded(command, cwd=tmp_path, env=env)
+    assert code == 1, out[-3000:]
+    assert "1 failed, 1 passed" in out and "FAILED test_user.py::test_my_own_constant" in out, out[-3000:]
+    assert "made in `test_user`" in out, out[-3000:]
