@@ -633,6 +633,11 @@ class Hooks:
             return jax.sharding.NamedSharding(context, _replicated())
         return None
 
+    def replace_discharge(self, wrapped: Callable[..., Any]) -> None:
+        """Have JAX's lowering call `wrapped` where it makes a program with mutable references
+        pure (`discharge`, above; read through its module at call time)."""
+        self.pxla._discharge_refs_jaxpr = wrapped
+
     def hoisting(self, parameters: Any) -> Any:
         """`parameters` with JAX's hoisting of literal constants switched on."""
         import dataclasses

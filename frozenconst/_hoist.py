@@ -14,13 +14,16 @@ What cannot be kept out is embedded, as JAX embeds any array, and a `FrozenConst
 so once per constant, case and line of user code, with the fix for that case (`_FIXES`): an exported program
 (`jax.export` carries its constants), a constant whose buffer was deleted behind frozenconst's
 back, a program JAX refuses to take it as a parameter of (committed to another device than the
-program's). A jitted call that donates a state holding a constant donates everything else in it:
+program's), a program with mutable references whose pure form JAX makes where frozenconst
+cannot follow (`discharged`). A jitted call that donates a state holding a constant donates everything else in it:
 the constant's buffer is kept (`_undonated`). Nothing else changes: a program without a
 FrozenConst lowers exactly as JAX lowers it.
 
 A program that holds a constant's buffer must never outlive it: where the buffer is dropped
 (`x.evict()`) or lost (donated, deleted), `dropped` clears JAX's caches once, so every such
-program is compiled again at its next call, with the constant's new buffer.
+program (and every trace JAX keeps with the buffer) is made again at its next call, with the
+constant's new buffer. A constant that dies before its trace is lowered (made inside the jitted
+function) leaves its buffers known to that lowering while anything holds them (`RELICS`).
 """
 
 from __future__ import annotations
@@ -373,7 +376,7 @@ def _lower_for_export(
         return original(closed, *args, **kwargs)
     program = closed if SIMPLIFIED_CONSTANTS else hoist(closed, keep_out)
     kwargs = {**kwargs, "lowering_parameters": hooks.hoisting(kwargs["lowering_parameters"])}
-    _lowering.keep_out = keep_out
+    _lowering.keep_out, _lowering.stuck = keep_out, set()
     try:
         lowering = original(program, *args, **kwargs)
     finally:

@@ -19,8 +19,10 @@ library's state when imported. What it installs:
   - `mlir.lower_jaxpr_to_module`, which every top-level program reaches: it shows the program
     to the observers registered here (each open `no_numpy_constants` guard; on a JAX whose
     hoisting frozenconst cannot reach, the warning of what is embedded);
-- the seam between the core and the jit side: a dropped or lost device buffer is told to
-  `_hoist.dropped` (`_cache.STATE.dropped`), which recompiles the programs that held it;
+- the seams between the core and the jit side: a dropped or lost device buffer is told to
+  `_hoist.dropped` (`_cache.STATE.dropped`), which recompiles the programs that held it, and
+  the buffers of a dying constant to `_hoist.RELICS` (`_cache.STATE.outlived`), which keeps
+  those a trace still holds known to its lowering;
 - `flax.serialization` and `st.from_type` learn FrozenConst, where flax or hypothesis is
   imported already (the other order: `register_flax()`, hypothesis's entry point).
 
@@ -93,8 +95,8 @@ def install() -> None:
             )
             hooks.core.jaxpr_const_args = functools.wraps(hooks.const_args)(_hoist.const_args)
             if hooks.discharge is not None:
-                hooks.pxla._discharge_refs_jaxpr = functools.wraps(hooks.discharge)(
-                    functools.partial(_hoist.discharged, hooks.discharge)
+                hooks.replace_discharge(
+                    functools.wraps(hooks.discharge)(functools.partial(_hoist.discharged, hooks.discharge))
                 )
         elif _observe():
             # No hoisting to reach on this JAX: what programs embed is said instead.
