@@ -15,9 +15,9 @@ so once per constant, case and line of user code, with the fix for that case (`_
 (`jax.export` carries its constants), a constant whose buffer was deleted behind frozenconst's
 back, a program JAX refuses to take it as a parameter of (committed to another device than the
 program's), a program with mutable references whose pure form JAX makes where frozenconst
-cannot follow (`discharged`). A jitted call that donates a state holding a constant donates everything else in it:
-the constant's buffer is kept (`_undonated`). Nothing else changes: a program without a
-FrozenConst lowers exactly as JAX lowers it.
+cannot follow (`discharged`). A jitted call that donates a state holding a constant donates
+everything else in it: the constant's buffer is kept (`_undonated`). Nothing else changes: a
+program without a FrozenConst lowers exactly as JAX lowers it.
 
 A program that holds a constant's buffer must never outlive it: where the buffer is dropped
 (`x.evict()`) or lost (donated, deleted), `dropped` clears JAX's caches once, so every such
@@ -29,6 +29,7 @@ function) leaves its buffers known to that lowering while anything holds them (`
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import threading
 import types
@@ -161,19 +162,18 @@ class _Relics:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.found: dict[int, _Relic] = {}
-        self.make = _Relic
-        self.ref = weakref.ref
+        self.make, self.ref, self.partial = _Relic, weakref.ref, functools.partial
 
     def outlived(self, buffers: list[jax.Array], origin: str) -> None:
         for buffer in buffers:
             if buffer.is_deleted():
                 continue
             key = id(buffer)
-            relic = self.make(self.ref(buffer, lambda _, key=key: self.forget(key)), origin)  # type: ignore[misc]
+            relic = self.make(self.ref(buffer, self.partial(self.forget, key)), origin)
             with self.lock:
                 self.found[key] = relic
 
-    def forget(self, key: int) -> None:
+    def forget(self, key: int, _dead: object = None) -> None:
         with self.lock:
             self.found.pop(key, None)
 

@@ -252,6 +252,9 @@ def test_a_constant_made_inside_the_jitted_function_is_a_parameter(make):
         jitted = jax.jit(f)
         np.testing.assert_array_equal(np.asarray(jitted(w)), expected)
         np.testing.assert_array_equal(np.asarray(jitted(w)), expected)  # the cached program
+        # The audit says so too: a FrozenConst, a parameter.
+        (found,) = frozenconst.audit(f, w).constants
+        assert (found.kind, found.parameter) == ("frozenconst", True)
     assert live_copies(data) == 1  # held by the program, as its parameter
     del jitted
     jax.clear_caches()
