@@ -14,7 +14,7 @@ import numpy as np
 from ._cache import OWNER_REFS, STATE
 from ._compat import SIMPLIFIED_CONSTANTS, numpy_of, simplified_hoists
 from ._fingerprint import fingerprint
-from ._hoist import EMBED_MAX_BYTES
+from ._hoist import EMBED_MAX_BYTES, RELICS
 from ._host import human_bytes
 from ._jaxprs import walk, where
 from ._refusals import refused_as_array
@@ -49,7 +49,7 @@ class CapturedConstant:
             NumPy slices a NumPy constant at trace time, so only the slice is
             captured; JAX slices a `jax.Array` or a FrozenConst in the program.
         parameter: whether every jit that compiles the function takes it as a
-            parameter of the program, never embedding it: a FrozenConst above 1 KiB
+            parameter of the program, never embedding it: a FrozenConst above 4 KiB
             (whatever jit is outside the audited function: its own, the caller's,
             a library's), unless its buffer is donated somewhere (then embedded).
     """
@@ -263,7 +263,8 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
         if entry is None:
             kind: Kind = "numpy"
             if isinstance(value, jax.Array):
-                kind = "frozenconst" if id(value) in frozen_ids else "jax"
+                # (A relic: the buffer of a constant the function made, dead since the trace.)
+                kind = "frozenconst" if id(value) in frozen_ids or RELICS.of(value) else "jax"
             entry = found[key] = {
                 "kind": kind,
                 **_describe(value),
@@ -296,8 +297,8 @@ def _identity(value: Any) -> object:
 def _kept_out(value: Any) -> bool:
     """Whether the FrozenConst buffer `value` is a parameter of every program that uses it."""
     ref = OWNER_REFS.get(id(value))
-    store = None if ref is None else ref()
-    if store is None or store.volatile:
+    owner: Any = RELICS.of(value) if ref is None else ref()
+    if owner is None or owner.volatile:
         return False
     nbytes: int = getattr(value, "nbytes", 0)
     return simplified_hoists(value) if SIMPLIFIED_CONSTANTS else nbytes > EMBED_MAX_BYTES

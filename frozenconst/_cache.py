@@ -89,7 +89,7 @@ class Placement:
 # The state the cache keeps for the whole process, in one object: `from ._cache
 # import STATE` binds the object, so every module reads and writes the same fields.
 class _State:
-    __slots__ = ("accounting", "dropped", "live", "retired_hits", "retired_transfers")
+    __slots__ = ("accounting", "dropped", "live", "outlived", "retired_hits", "retired_transfers")
 
     def __init__(self) -> None:
         # Whether cache hits are counted (`frozenconst.set_accounting`).
@@ -99,10 +99,16 @@ class _State:
         self.retired_transfers = 0
         # Every live store, for `frozenconst.stats()` and the audit's kind lookup.
         self.live: weakref.WeakSet[Store] = weakref.WeakSet()
-        # Told of a store whose device buffer was evicted or lost, after the fact: whatever
-        # holds the old buffer lets go of it (`_hoist.dropped`, appended by `_install.install`,
-        # the seam through which the jit side plugs into the core).
-        self.dropped: list[Callable[[Store], None]] = []
+        # Told of a store whose device buffer was evicted or lost, after the fact, and whether
+        # anything besides the store still holds the old buffer (a trace JAX cached, a
+        # program): whatever holds it lets go of it (`_hoist.dropped`, appended by
+        # `_install.install`, the seam through which the jit side plugs into the core).
+        self.dropped: list[Callable[[Store, bool], None]] = []
+        # Told, as a store dies, of the device buffers it held and the module that made it: a
+        # buffer something else still holds (a trace JAX keeps of a function that made the
+        # constant, `frozenconst.intern(table)` inside a jitted function) is still known to the
+        # lowering of that trace (`_hoist.outlived`, appended by `_install.install`).
+        self.outlived: list[Callable[[list[jax.Array], str], None]] = []
 
 
 STATE = _State()
@@ -484,7 +490,7 @@ class Store:
         meets the loss. (A jitted call never donates a constant's buffer: `_hoist._undonated`.)"""
         self.volatile = True
         for hook in STATE.dropped:
-            hook(self)
+            hook(self, False)
         made = f" (made in `{self.origin}`)" if self.origin else ""
         warnings.warn(
             f"The device buffer of FrozenConst {self.dtype}{list(self.shape)}{made} was deleted (donated "
@@ -550,20 +556,31 @@ class Store:
                 dropped = list(self._made.values())
                 self._made.clear()
                 self.served.clear()
-                for array in dropped:
-                    self._disown(array)
             else:
                 device = (
                     next(iter(sharding.device_set)) if isinstance(sharding, SingleDeviceSharding) else None
                 )
-                for made in [m for m in self._made if m[0] == sharding or (m[0] is None and m[1] == device)]:
-                    self._disown(self._made.pop(made))
+                which = [m for m in self._made if m[0] == sharding or (m[0] is None and m[1] == device)]
+                dropped = [self._made.pop(made) for made in which]
                 kept = {id(a) for a in self._made.values()}
                 for key in [k for k, a in self.served.items() if id(a) not in kept]:
                     del self.served[key]
             self.hot = self.served.get(None)
+            left = self._let_go(dropped)
+            del dropped
+        # Whether anything besides this store still holds a dropped buffer: a trace JAX cached
+        # (`jax.eval_shape`, `jax.make_jaxpr`, `jax.jit(f).trace`, which a later `jax.jit(f)`
+        # lowers with that buffer), a compiled program, a caller's `jnp.asarray(x)`.
+        held = any(ref() is not None for ref in left)
         for hook in STATE.dropped:
-            hook(self)
+            hook(self, held)
+
+    def _let_go(self, dropped: list[jax.Array]) -> list[weakref.ref[jax.Array]]:
+        """Weak references to `dropped`, buffers no longer cached, each dropped from `OWNERS`
+        (called under the lock)."""
+        for array in dropped:
+            self._disown(array)
+        return [weakref.ref(array) for array in dropped]
 
     def meet_losses(self) -> bool:
         """Make again each served buffer of this constant deleted behind our back (`_fill`, which
@@ -602,3 +619,6 @@ class Store:
         # shutdown, when module globals may already be gone.
         _state.retired_hits += self.hits
         _state.retired_transfers += self.transfers
+        if self._made:
+            for hook in _state.outlived:
+                hook(list(self._made.values()), self.origin)

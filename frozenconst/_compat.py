@@ -509,12 +509,14 @@ frame_at: Callable[[int], types.FrameType] = sys._getframe  # pyright: ignore[re
 JIT_MODULE = "jax._src.pjit"
 
 
-# The module whose code rebuilds the arguments of `jax.debug.print` and `jax.debug.callback`
-# (`tree_unflatten(in_tree, args)` in its callback) from the values the program printed: there a
-# FrozenConst's new array is the value to show, as a `jax.Array`'s is, not a copy of the
-# constant to warn of. Private: `jax._src.debugging`, the module since JAX
-# 0.4; elsewhere nothing matches, and a printed constant shows as a derived copy, with the warning.
-DEBUG_CALLBACKS = "jax._src.debugging"
+# The modules whose code rebuilds the arguments of a callback from the values the program
+# passed it (`tree_unflatten(in_tree, args)`): `jax.debug.print` and `jax.debug.callback`'s
+# (`jax._src.debugging`), `jax.pure_callback` and `jax.experimental.io_callback`'s
+# (`_FlatCallback.__call__` in `jax._src.callback`). There a FrozenConst's new array is the value
+# the callback receives, as a `jax.Array`'s is, not a copy of the constant to warn of. Private:
+# the modules since JAX 0.4 (jax 0.8.1 to 0.12 checked); elsewhere nothing matches, and the
+# callback receives a derived copy, with the warning.
+DEBUG_CALLBACKS = frozenset({"jax._src.debugging", "jax._src.callback"})
 
 
 # --- keeping constants out of programs at lowering (`_hoist`, `_install`) ---
@@ -535,10 +537,16 @@ DEBUG_CALLBACKS = "jax._src.debugging"
 # 0.8.0) or is absent: the supported floor. Fallback where a name is missing (a future
 # layout): `HOISTING` is None, nothing is installed, and JAX embeds FrozenConsts as any array,
 # which the embedding warning names (`_hoist`).
+# A program with mutable references (`jax.new_ref`, a reference argument) is made pure inside
+# `lower_sharding_computation` by `pxla._discharge_refs_jaxpr(closed_jaxpr, ...)` (private, its
+# first result the new program; the same signature in jax 0.8.1 to 0.12), which traces the
+# program again and so turns the literals frozenconst made back into embedded constants under
+# the default pipeline: `_hoist.discharged` hoists its result again. Fallback where it is
+# missing: `discharge` is None, and a constant such a program uses is embedded and said.
 class Hooks:
     """JAX's lowering functions frozenconst wraps, and what reads their arguments."""
 
-    __slots__ = ("const_args", "core", "default_parameters", "lower", "mlir", "pxla")
+    __slots__ = ("const_args", "core", "default_parameters", "discharge", "lower", "mlir", "pxla")
 
     def __init__(self) -> None:
         from jax._src import core as _core
@@ -550,6 +558,7 @@ class Hooks:
         self.pxla: Any = _pxla
         self.lower: Callable[..., Any] = _pxla.lower_sharding_computation
         self.const_args: Callable[[Any], list[tuple[Any, Any]]] = _core.jaxpr_const_args
+        self.discharge: Callable[..., Any] | None = getattr(_pxla, "_discharge_refs_jaxpr", None)
         # What `jax.jit` lowers with: any other parameters (`jax.export`'s `for_export`, a
         # custom lowering rule) are someone's own lowering, left as JAX does it.
         self.default_parameters: Any = _mlir.LoweringParameters()
@@ -610,6 +619,11 @@ class Hooks:
         as closures and so never uses, are where frozenconst wires the constants; JAX's own VJP
         of an exported program (`Exported.vjp`) is jitted without `keep_unused`."""
         return {**kwargs, "keep_unused": True}
+
+    def replace_discharge(self, wrapped: Callable[..., Any]) -> None:
+        """Have JAX's lowering call `wrapped` where it makes a program with mutable references
+        pure (`discharge`, above; read through its module at call time)."""
+        self.pxla._discharge_refs_jaxpr = wrapped
 
     def hoisting(self, parameters: Any) -> Any:
         """`parameters` with JAX's hoisting of literal constants switched on."""
@@ -720,6 +734,23 @@ def has_input_effects(jaxpr: Any) -> bool:
     except ImportError:  # pragma: no cover - a future JAX layout
         return True
     return any(isinstance(e, JaxprInputEffect) for e in effects)
+
+
+def mutates(jaxpr: Any) -> bool:
+    """Whether a program uses mutable references (`jax.new_ref`, a reference argument), which
+    JAX's lowering makes pure by tracing it again (`Hooks.discharge`): an effect of it names an
+    input (`JaxprInputEffect`, private `jax._src.effects`) or a reference made inside
+    (`InternalMutableArrayEffect`, private `jax._src.core`), jax 0.8.1 to 0.12. Fallback where
+    either class is gone: any effect counts."""
+    effects = getattr(jaxpr, "effects", ())
+    if not effects:
+        return False
+    try:
+        from jax._src.core import InternalMutableArrayEffect
+        from jax._src.effects import JaxprInputEffect
+    except ImportError:  # pragma: no cover - a future JAX layout
+        return True
+    return any(isinstance(e, JaxprInputEffect | InternalMutableArrayEffect) for e in effects)
 
 
 # The call whose program is being lowered, to see which of its arguments it donates: JAX's

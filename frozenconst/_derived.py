@@ -52,9 +52,9 @@ class Derived:
     To autodiff it is a constant, as the constant it stands for is: a value
     being differentiated reaches it only through `lax.stop_gradient`
     (`FrozenConst.tree_unflatten`), so `jax.grad` with respect to a tree holding
-    a FrozenConst gives it a zero gradient (docs/model.md, "What a FrozenConst
-    is to pytree tools"). A concrete leaf (a jitted function's output, an
-    optimizer's update) is a `jax.Array` to a compiled program that closes over it.
+    a FrozenConst gives it a zero gradient (docs/jax.md, "Transformations"). A
+    concrete leaf (a jitted function's output, an optimizer's update) is a
+    `jax.Array` to a compiled program that closes over it.
     """
 
     __slots__ = ("__weakref__", "copy_store", "leaf")
@@ -378,13 +378,14 @@ new_handle = object.__new__
 
 
 def _in_debug_callback(caller: types.FrameType) -> bool:
-    """Whether JAX's tree function was called by `jax.debug.print`'s (or `callback`'s) rebuild of
-    its arguments: that code, or `jax.tree_util.tree_unflatten` called from it. There a
-    FrozenConst's new array is the value to show, as a `jax.Array`'s is, not a copy to warn of."""
-    if caller.f_globals.get("__name__") == DEBUG_CALLBACKS:
+    """Whether JAX's tree function was called by a callback's rebuild of its arguments
+    (`jax.debug.print`, `jax.debug.callback`, `jax.pure_callback`, `io_callback`): that code, or
+    `jax.tree_util.tree_unflatten` called from it. There a FrozenConst's new array is the value
+    the callback receives, as a `jax.Array`'s is, not a copy to warn of."""
+    if caller.f_globals.get("__name__") in DEBUG_CALLBACKS:
         return True
     above = caller.f_back
-    return above is not None and above.f_globals.get("__name__") == DEBUG_CALLBACKS
+    return above is not None and above.f_globals.get("__name__") in DEBUG_CALLBACKS
 
 
 def rebuild(cls: type[FrozenConst], aux_data: None, children: Any) -> FrozenConst | np.ndarray[Any, Any]:

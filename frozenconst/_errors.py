@@ -35,7 +35,7 @@ class FrozenConstIndexError(IndexError):
 
     On jax 0.10 and newer `a[idx]` with a FrozenConst `idx` raises JAX's
     `IndexError`; the audit raises this instead, naming the place of use and the
-    fix, `a[jnp.asarray(idx)]` (docs: "Index tables").
+    fix, `a[jnp.asarray(idx)]` (docs/jax.md, "jax.lax and indexing").
     """
 
 

@@ -14,18 +14,22 @@ What cannot be kept out is embedded, as JAX embeds any array, and a `FrozenConst
 so once per constant, case and line of user code, with the fix for that case (`_FIXES`): an exported program
 (`jax.export` carries its constants), a constant whose buffer was deleted behind frozenconst's
 back, a program JAX refuses to take it as a parameter of (committed to another device than the
-program's). A jitted call that donates a state holding a constant donates everything else in it:
-the constant's buffer is kept (`_undonated`). Nothing else changes: a program without a
-FrozenConst lowers exactly as JAX lowers it.
+program's), a program with mutable references whose pure form JAX makes where frozenconst
+cannot follow (`discharged`). A jitted call that donates a state holding a constant donates
+everything else in it: the constant's buffer is kept (`_undonated`). Nothing else changes: a
+program without a FrozenConst lowers exactly as JAX lowers it.
 
 A program that holds a constant's buffer must never outlive it: where the buffer is dropped
 (`x.evict()`) or lost (donated, deleted), `dropped` clears JAX's caches once, so every such
-program is compiled again at its next call, with the constant's new buffer.
+program (and every trace JAX keeps with the buffer) is made again at its next call, with the
+constant's new buffer. A constant that dies before its trace is lowered (made inside the jitted
+function) leaves its buffers known to that lowering while anything holds them (`RELICS`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import threading
 import types
@@ -48,6 +52,7 @@ from ._compat import (
     frame_at,
     hoisted_values,
     is_program,
+    mutates,
     numpy_of,
     rewire_hoisted,
 )
@@ -98,6 +103,8 @@ class _Lowering(threading.local):
         # `frozenconst.export` in progress: each constant's buffer (by id) to its position among
         # the exported program's constant inputs (`export_inputs`); None otherwise.
         self.exporting: dict[int, int] | None = None
+        # The kept-out buffers (by id) a level with effects on its inputs kept embedded (`hoist`).
+        self.stuck: set[int] = set()
 
 
 _lowering = _Lowering()
@@ -110,20 +117,77 @@ class _Holders:
         self.lock = threading.Lock()
         self.stores: weakref.WeakSet[Store] = weakref.WeakSet()
 
-    def add(self, stores: list[Store]) -> None:
+    def add(self, owners: list[Owner]) -> None:
         with self.lock:
-            self.stores.update(stores)
+            self.stores.update(o for o in owners if isinstance(o, Store))
 
-    def release(self, store: Store) -> bool:
-        """Whether a program may hold `store`'s buffer; then every program is dropped."""
+    def release(self, store: Store, held: bool) -> bool:
+        """Whether a program may hold `store`'s buffer (or a trace: `held`, something besides the
+        store still holds it); then every program is dropped."""
         with self.lock:
-            if store not in self.stores:
+            if store not in self.stores and not held:
                 return False
             self.stores.clear()
             return True
 
 
 HOLDERS = _Holders()
+
+
+class _Relic:
+    """A device buffer of a constant that died while something else still held it: a trace JAX
+    keeps of a function that made the constant (`frozenconst.intern(table)` called inside the
+    jitted function, whose handle dies before the trace is lowered). The lowering of that trace
+    keeps the buffer out as it keeps a live constant's; the program then holds it."""
+
+    __slots__ = ("__weakref__", "buffer", "origin", "placed")
+    # Never deleted behind our back as far as anyone can tell: no constant serves it any more.
+    volatile = False
+
+    def __init__(self, buffer: weakref.ref[jax.Array], origin: str) -> None:
+        self.buffer, self.origin = buffer, origin
+        self.placed: dict[Any, jax.Array] = {}
+
+    def array(self, sharding: Any) -> jax.Array:
+        """The buffer's data placed with `sharding`, copied from the buffer once."""
+        found = self.placed.get(sharding)
+        if found is None:
+            found = self.placed[sharding] = jax.device_put(self.buffer(), sharding)
+        return found
+
+
+class _Relics:
+    """The buffers of dead constants that something else still holds, by id, each forgotten
+    when its buffer dies. Told by a dying store (`outlived`, from its `__del__`, which can run
+    in any thread, at any allocation: hence a reentrant lock, and no module global read)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.found: dict[int, _Relic] = {}
+        self.make, self.ref, self.partial = _Relic, weakref.ref, functools.partial
+
+    def outlived(self, buffers: list[jax.Array], origin: str) -> None:
+        for buffer in buffers:
+            if buffer.is_deleted():
+                continue
+            key = id(buffer)
+            relic = self.make(self.ref(buffer, self.partial(self.forget, key)), origin)
+            with self.lock:
+                self.found[key] = relic
+
+    def forget(self, key: int, _dead: object = None) -> None:
+        with self.lock:
+            self.found.pop(key, None)
+
+    def of(self, value: Any) -> _Relic | None:
+        """The relic whose buffer `value` is (the very object), if any."""
+        relic = self.found.get(id(value))
+        return relic if relic is not None and relic.buffer() is value else None
+
+
+RELICS = _Relics()
+# What a program's FrozenConst buffer belongs to: a live constant's store, or a relic.
+Owner = Store | _Relic
 
 
 def meet_losses() -> bool:
@@ -133,11 +197,13 @@ def meet_losses() -> bool:
     return any([store.meet_losses() for store in list(HOLDERS.stores)])
 
 
-def dropped(store: Store) -> None:
+def dropped(store: Store, held: bool) -> None:
     """A buffer of `store` was evicted or lost: no compiled program keeps it. JAX's caches are
-    cleared (`jax.clear_caches()`) where a program took it as a parameter, so each such program
-    is compiled again at its next call, with the constant's next buffer."""
-    if HOLDERS.release(store):
+    cleared (`jax.clear_caches()`) where a program took it as a parameter, or where something
+    besides the store still holds it (`held`: a trace JAX keeps, which the next `jax.jit` of
+    that function would lower with the dropped buffer, embedded), so each such program is traced
+    and compiled again at its next call, with the constant's current buffer."""
+    if HOLDERS.release(store, held):
         clear_caches()
 
 
@@ -146,7 +212,7 @@ def dropped(store: Store) -> None:
 
 def lower(original: Callable[..., Any], closed: Any, *args: Any, **kwargs: Any) -> Any:
     """JAX's `lower_sharding_computation(closed, ...)`, with the FrozenConsts kept out."""
-    outer_keep, outer_answers = _lowering.keep_out, _lowering.answers
+    outer_keep, outer_answers, outer_stuck = _lowering.keep_out, _lowering.answers, _lowering.stuck
     _lowering.keep_out, _lowering.answers = None, {}  # a lowering inside this one starts clean
     try:
         if HOISTING is None:
@@ -154,7 +220,7 @@ def lower(original: Callable[..., Any], closed: Any, *args: Any, **kwargs: Any) 
         options = _options()
         if options.fun is not None and not options.named and not SIMPLIFIED_CONSTANTS:
             _name_embedded(closed, options)
-        if not OWNER_REFS:
+        if not OWNER_REFS and not RELICS.found:
             return original(closed, *args, **kwargs)
         found = _owned(closed)
         if HOISTING.donates(args, kwargs):
@@ -163,7 +229,7 @@ def lower(original: Callable[..., Any], closed: Any, *args: Any, **kwargs: Any) 
             return original(closed, *args, **kwargs)
         return _lower_owned(original, found, options, closed, args, kwargs)
     finally:
-        _lowering.keep_out, _lowering.answers = outer_keep, outer_answers
+        _lowering.keep_out, _lowering.answers, _lowering.stuck = outer_keep, outer_answers, outer_stuck
 
 
 class _Use:
@@ -171,7 +237,7 @@ class _Use:
 
     __slots__ = ("line", "store", "value")
 
-    def __init__(self, value: Any, store: Store, line: str | None) -> None:
+    def __init__(self, value: Any, store: Owner, line: str | None) -> None:
         self.value, self.store, self.line = value, store, line
 
 
@@ -186,9 +252,12 @@ def _owned(closed: Any, literals: bool = SIMPLIFIED_CONSTANTS) -> dict[int, _Use
                 ref = OWNER_REFS.get(key)
                 store = None if ref is None else ref()
                 # `sharding_of` confirms the very object (an id can be reused after an array dies).
-                if store is None or not store.sharding_of(value):
-                    continue
-                found[key] = _Use(value, store, where(eqn))
+                owner: Owner | None = store if store is not None and store.sharding_of(value) else None
+                if owner is None:
+                    owner = RELICS.of(value)
+                    if owner is None:
+                        continue
+                found[key] = _Use(value, owner, where(eqn))
             elif use.line is None:
                 use.line = where(eqn)
     except Exception:  # a program this walk does not understand: lowered as JAX lowers it
@@ -230,18 +299,20 @@ def _lower_owned(
         elif SIMPLIFIED_CONSTANTS or _nbytes(use.value) > options.embed_max_bytes:
             value = use.value
             if mesh is not None and not value.committed:
-                value = placed[key] = use.store.array(mesh)
+                value = placed[key] = _placed(use.store, mesh)
             keep_out[id(value)] = value
     if not keep_out and not (SIMPLIFIED_CONSTANTS and donated):
         # (Under the simplified pipeline JAX would hoist a donated constant: `const_args` embeds it.)
         return original(closed, *args, **kwargs)
+    stuck: set[int] = set()
     try:
-        lowered = _lowered(original, closed, keep_out, placed, args, kwargs)
+        lowered = _lowered(original, closed, keep_out, placed, args, kwargs, stuck)
     except Exception as err:  # JAX refused the parameters (a device mismatch), or the user's error
         refused, mismatch = _first_line(err), _mismatch(err)
         del err  # its traceback holds this frame
     else:
         HOLDERS.add([u.store for k, u in found.items() if id(placed.get(k, u.value)) in keep_out])
+        _warn_stuck(found, placed, stuck)
         return lowered
     target = hooks.devices_of(args, kwargs, single=True) if mismatch else None
     if target is not None:
@@ -252,23 +323,25 @@ def _lower_owned(
         for key, use in found.items():
             value = placed.get(key, use.value)
             if id(value) in keep_out and value.sharding.device_set != target.device_set:
-                moved[key] = use.store.array(target)
+                moved[key] = _placed(use.store, target)
         kept = {
             id(moved.get(k, u.value)): moved.get(k, u.value)
             for k, u in found.items()
             if id(placed.get(k, u.value)) in keep_out
         }
+        stuck = set()
         try:
-            lowered = _lowered(original, closed, kept, moved, args, kwargs)
+            lowered = _lowered(original, closed, kept, moved, args, kwargs, stuck)
         except Exception:  # not the placement, then: embedded below, or the user's error raised
             pass
         else:
             HOLDERS.add([u.store for k, u in found.items() if id(moved.get(k, u.value)) in kept])
+            _warn_stuck(found, moved, stuck)
             return lowered
     # Every FrozenConst embedded, as JAX's default pipeline embeds any array; where that fails
     # too, the program as JAX lowers it, whose error (the user's own) is raised as it is.
     try:
-        lowered = _lowered(original, closed, {}, {}, args, kwargs)
+        lowered = _lowered(original, closed, {}, {}, args, kwargs, set())
     except Exception:
         return original(closed, *args, **kwargs)
     _warn([u for u in found.values() if not u.store.volatile], "refused", refused)
@@ -308,7 +381,7 @@ def _lower_for_export(
         **hooks.keeping_inputs(kwargs),
         "lowering_parameters": hooks.hoisting(kwargs["lowering_parameters"]),
     }
-    _lowering.keep_out = keep_out
+    _lowering.keep_out, _lowering.stuck = keep_out, set()
     try:
         lowering = original(program, *args, **kwargs)
     finally:
@@ -331,25 +404,64 @@ def _lowered(
     placed: dict[int, Any],
     args: Any,
     kwargs: Any,
+    stuck: set[int],
 ) -> Any:
     """`closed` lowered with the buffers in `keep_out` as parameters (each use of a buffer in
-    `placed` given the buffer it maps to) and every other FrozenConst buffer embedded."""
+    `placed` given the buffer it maps to) and every other FrozenConst buffer embedded; the ids
+    of those in `keep_out` that a level with effects on its inputs kept embedded go to `stuck`."""
     hooks = HOISTING
     assert hooks is not None
     program = closed
     if placed:
-        program = hoist(closed, {} if SIMPLIFIED_CONSTANTS else keep_out, placed)
+        program = hoist(closed, {} if SIMPLIFIED_CONSTANTS else keep_out, placed, stuck)
     if not SIMPLIFIED_CONSTANTS:
         if not keep_out:
             return original(closed, *args, **kwargs)
         if not placed:
-            program = hoist(closed, keep_out)
+            program = hoist(closed, keep_out, stuck=stuck)
+        if hooks.discharge is None and mutates(closed_parts(closed)[0]):
+            stuck.update(keep_out)  # JAX's tracing it again (`discharged`) embeds them all
         kwargs = {**kwargs, "lowering_parameters": hooks.hoisting(kwargs["lowering_parameters"])}
-    _lowering.keep_out = keep_out
+    _lowering.keep_out, _lowering.stuck = keep_out, stuck
     try:
         return original(program, *args, **kwargs)
     finally:
         _lowering.keep_out, _lowering.answers = None, {}
+
+
+def discharged(original: Callable[..., Any], closed: Any, *args: Any) -> Any:
+    """JAX's `_discharge_refs_jaxpr(closed, ...)` in the lowering `lower` runs, with the buffers
+    kept out hoisted again in the program it returns. A program with mutable references
+    (`jax.new_ref`, a reference argument) is made pure there by tracing it again, which turns
+    the literals `hoist` made back into embedded constants under JAX's default pipeline; the pure
+    program has no effects on its inputs, so every level can let go of them now."""
+    out = original(closed, *args)
+    keep_out = _lowering.keep_out
+    if not keep_out or SIMPLIFIED_CONSTANTS or out[0] is closed:
+        return out
+    stuck: set[int] = set()
+    program = hoist(out[0], keep_out, stuck=stuck)
+    _lowering.stuck.clear()  # what the program before was left holding, superseded
+    _lowering.stuck.update(stuck)
+    return (program, *out[1:])
+
+
+def _placed(owner: Owner, sharding: Any) -> jax.Array:
+    """The constant's data placed with `sharding` (once per constant and placement), where the
+    lowering decides so: a transfer of frozenconst's own, which no `jax.transfer_guard` of the
+    user's refuses. (The same program closing over a `jax.Array` needs none: JAX's default
+    pipeline embeds it.) A transfer the user's code asks for, the constant's first use there
+    included, stays under their guard."""
+    with jax.transfer_guard("allow"):
+        return owner.array(sharding)
+
+
+def _warn_stuck(found: dict[int, _Use], placed: dict[int, Any], stuck: set[int]) -> None:
+    """Say which kept-out constants a level with effects on its inputs left embedded."""
+    if stuck:
+        _warn(
+            [u for k, u in found.items() if id(placed.get(k, u.value)) in stuck], "effects", jax.__version__
+        )
 
 
 def _undonated(args: Any, kwargs: Any) -> tuple[Any, Any]:
@@ -378,7 +490,7 @@ def _name_embedded(closed: Any, options: Options) -> None:
     seen: set[int] = set()
     try:
         for value, _ in walk(closed, literals=False):
-            if id(value) in seen or OWNER_REFS.get(id(value)) is not None:
+            if id(value) in seen or OWNER_REFS.get(id(value)) is not None or RELICS.of(value):
                 continue
             seen.add(id(value))
             array: Any = numpy_of(value)
@@ -450,11 +562,12 @@ def const_args(jaxpr: Any) -> list[tuple[Any, Any]]:
     if SIMPLIFIED_CONSTANTS:
         exporting = _lowering.exporting is not None
         for value, aval in hooks.const_args(jaxpr):
-            if OWNER_REFS.get(id(value)) is None:
-                if not exporting:  # (an exported program embeds every other array, as jax.export)
-                    found[("jax", len(found))] = (value, aval)  # JAX's own, as JAX hoists it
-            elif keep_out.get(id(value)) is value:
+            if keep_out.get(id(value)) is value:
                 found.setdefault((id(value), aval), (value, aval))
+            elif OWNER_REFS.get(id(value)) is None and not exporting:
+                # JAX's own, as JAX hoists it (an exported program embeds every other array, as
+                # jax.export does)
+                found[("jax", len(found))] = (value, aval)
             # else a FrozenConst that must not be held (donated): embedded
     else:
         for value, aval in _literals(jaxpr, keep_out):
@@ -536,17 +649,17 @@ class _Told:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.said: weakref.WeakKeyDictionary[Store, set[str]] = weakref.WeakKeyDictionary()
+        self.said: weakref.WeakKeyDictionary[Owner, set[str]] = weakref.WeakKeyDictionary()
         self.filters: tuple[int, int] = (id(warnings.filters), len(warnings.filters))
 
-    def new(self, store: Store, key: str) -> bool:
+    def new(self, store: Owner, key: str) -> bool:
         with self.lock:
             filters = (id(warnings.filters), len(warnings.filters))
             if filters != self.filters:
                 self.said, self.filters = weakref.WeakKeyDictionary(), filters
             return key not in self.said.get(store, ())
 
-    def record(self, store: Store, key: str) -> None:
+    def record(self, store: Owner, key: str) -> None:
         with self.lock:
             self.said.setdefault(store, set()).add(key)
 
@@ -560,6 +673,9 @@ _FIXES = {
     "does not serve: pass the constant to the function as an argument to keep it out",
     "refused": "JAX refused it as a parameter of this program ({reason}). Place the constant where "
     "the program runs (`x.placed(device)`), or pass it as an argument",
+    "effects": "The program reads or writes a mutable reference (`jax.new_ref`), and on jax {reason} "
+    "frozenconst cannot keep the constant out of the pure program JAX makes of it: pass the constant "
+    "to the function as an argument to keep it out",
     "unsupported": "frozenconst cannot reach JAX's lowering on jax {reason}, so every program embeds "
     "it, as JAX embeds any array: pass it to the function as an argument to keep it out",
 }
@@ -568,7 +684,7 @@ _FIXES = {
 def observe_unhoisted(program: Any, embeds_literals: bool) -> None:
     """Where this JAX offers no hoisting frozenconst can reach (`_compat.HOISTING` is None):
     warn of each FrozenConst above the threshold that a program JAX lowers embeds."""
-    if not OWNER_REFS or program is None:
+    if (not OWNER_REFS and not RELICS.found) or program is None:
         return
     _warn(list(_owned(program, literals=embeds_literals).values()), "unsupported", jax.__version__)
 

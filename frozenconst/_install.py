@@ -9,17 +9,21 @@ library's state when imported. What it installs:
 - frozenconst's files among the frames JAX leaves out of source locations and tracebacks,
   as it leaves its own (`_compat.exclude_package_frames`);
 - `frozenconst.filter_jit`'s static placeholder as a pytree node;
-- three of JAX's lowering functions, each wrapped once, each read by JAX through its module
+- four of JAX's lowering functions, each wrapped once, each read by JAX through its module
   at call time (`_compat` says where and on which versions):
   - `pxla.lower_sharding_computation`, which lowers every jitted program: `_hoist.lower` keeps
     FrozenConsts out of it (or embeds them and says why);
   - `core.jaxpr_const_args`, a program's hoisted constants: `_hoist.const_args` answers for
     the lowering `_hoist.lower` runs, and JAX's own function answers everywhere else;
+  - `pxla._discharge_refs_jaxpr`, which makes a program with mutable references pure inside
+    that lowering by tracing it again: `_hoist.discharged` keeps the constants out of its result;
   - `mlir.lower_jaxpr_to_module`, which every top-level program reaches: it shows the program
     to the observers registered here (each open `no_numpy_constants` guard; on a JAX whose
     hoisting frozenconst cannot reach, the warning of what is embedded);
-- the seam between the core and the jit side: a dropped or lost device buffer is told to
-  `_hoist.dropped` (`_cache.STATE.dropped`), which recompiles the programs that held it;
+- the seams between the core and the jit side: a dropped or lost device buffer is told to
+  `_hoist.dropped` (`_cache.STATE.dropped`), which recompiles the programs that held it, and
+  the buffers of a dying constant to `_hoist.RELICS` (`_cache.STATE.outlived`), which keeps
+  those a trace still holds known to its lowering;
 - `flax.serialization` and `st.from_type` learn FrozenConst, where flax or hypothesis is
   imported already (the other order: `register_flax()`, hypothesis's entry point).
 
@@ -100,10 +104,15 @@ def install() -> None:
                 functools.partial(_hoist.lower, original)
             )
             hooks.core.jaxpr_const_args = functools.wraps(hooks.const_args)(_hoist.const_args)
+            if hooks.discharge is not None:
+                hooks.replace_discharge(
+                    functools.wraps(hooks.discharge)(functools.partial(_hoist.discharged, hooks.discharge))
+                )
         elif _observe():
             # No hoisting to reach on this JAX: what programs embed is said instead.
             _installed.observers = (*_installed.observers, _hoist.observe_unhoisted)
         STATE.dropped.append(_hoist.dropped)
+        STATE.outlived.append(_hoist.RELICS.outlived)
     register_flax_if_imported()
     register_strategy_if_imported()
 

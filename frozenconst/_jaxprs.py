@@ -55,7 +55,9 @@ def where(eqn: Any) -> str | None:
     return text or None
 
 
-def hoist(closed: Any, keep_out: dict[int, Any], placed: dict[int, Any] | None = None) -> Any:
+def hoist(
+    closed: Any, keep_out: dict[int, Any], placed: dict[int, Any] | None = None, stuck: set[int] | None = None
+) -> Any:
     """`closed` with each constant whose value is in `keep_out` (by `id`) turned into a literal
     of that value, at every level of nesting, and each constant or literal whose value is in
     `placed` (by `id`) using the value `placed` maps it to instead (the same data, placed where
@@ -66,18 +68,19 @@ def hoist(closed: Any, keep_out: dict[int, Any], placed: dict[int, Any] | None =
     pipeline makes of it, and what lowering with `hoist_constants_as_args` passes to the
     executable as a parameter (`core.jaxpr_const_args`). A level whose effects refer to its
     inputs by position (`JaxprInputEffect`) keeps its constants: taking some out would move
-    those positions."""
-    return _Hoist(keep_out, placed or {}).closed(closed)
+    those positions; the ids of those in `keep_out` it keeps are added to `stuck`."""
+    return _Hoist(keep_out, placed or {}, set() if stuck is None else stuck).closed(closed)
 
 
 class _Hoist:
     """One rewrite: shared sub-programs (one object used twice) are rewritten once."""
 
-    __slots__ = ("done", "keep_out", "placed")
+    __slots__ = ("done", "keep_out", "placed", "stuck")
 
-    def __init__(self, keep_out: dict[int, Any], placed: dict[int, Any]) -> None:
+    def __init__(self, keep_out: dict[int, Any], placed: dict[int, Any], stuck: set[int]) -> None:
         self.keep_out = keep_out
         self.placed = placed
+        self.stuck = stuck
         # id -> (original, rewritten); the original kept so that its id stays its own.
         self.done: dict[int, tuple[Any, Any]] = {}
 
@@ -94,11 +97,13 @@ class _Hoist:
         for var, value in zip(constvars, values, strict=True):
             placed = self.placed.get(id(value), value)
             swapped = swapped or placed is not value
-            if movable and self.keep_out.get(id(placed)) is placed:
-                literals[var] = Literal(placed, var.aval)
-            else:
-                kept_vars.append(var)
-                kept_values.append(placed)
+            if self.keep_out.get(id(placed)) is placed:
+                if movable:
+                    literals[var] = Literal(placed, var.aval)
+                    continue
+                self.stuck.add(id(placed))
+            kept_vars.append(var)
+            kept_values.append(placed)
         eqns, outvars, changed = self._body(jaxpr, literals)
         out = closed
         if changed or literals or swapped:

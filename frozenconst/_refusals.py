@@ -224,5 +224,5 @@ def refused_as_array(err: BaseException) -> Refusal | None:
         "type of such a value before it converts it. "
         "Convert it there with `jnp.asarray(...)`, which returns a FrozenConst's cached device "
         "buffer and copies nothing: `a[jnp.asarray(idx)]`, `lax.dynamic_slice(jnp.asarray(table), ...)`, "
-        "`jax.nn.sigmoid(jnp.asarray(x))`. See docs/jax.md, Index tables."
+        '`jax.nn.sigmoid(jnp.asarray(x))`. See docs/jax.md, "jax.lax and indexing".'
     )

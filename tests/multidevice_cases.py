@@ -296,3 +296,43 @@ def test_transfers_count_one_per_device_buffer_made_from_the_host(mesh_shape, sp
     assert frozenconst.stats().transfers >= len(shards)
     x.on(NamedSharding(mesh, spec))  # a cache hit: no transfer
     assert x.stats().transfers == len(shards)
+
+
+def _outcome(fun):
+    try:
+        fun()
+    except Exception as err:
+        return str(err).split(":")[1].strip().split(" transfer")[0]  # "Disallowed host-to-device"
+    return "ran"
+
+
+@pytest.mark.parametrize("level", ["disallow", "disallow_explicit"])
+def test_under_a_transfer_guard_a_constant_on_the_device_runs_over_four_devices(level):
+    # The program over four devices takes the constant replicated over them, a copy frozenconst
+    # makes once at lowering: its own, never refused by the user's guard. (The same program
+    # closing over a `jax.Array` runs there under JAX's default pipeline: its data is in the
+    # program.)
+    data = _data()
+    x = FrozenConst(data)
+    jnp.asarray(x)  # on the device before the guard
+    mesh = jax.make_mesh((4,), ("x",))
+    rows = jnp.linspace(-1.0, 1.0, 8 * 64, dtype=jnp.float32).reshape(8, 64)
+    w = jax.device_put(rows, NamedSharding(mesh, P("x")))
+    t = jax.device_put(data, NamedSharding(mesh, P()))
+    expected = np.asarray(jax.jit(lambda w, t: jnp.tanh(w @ t))(w, t))
+    ours = jax.jit(lambda w: jnp.tanh(w @ x))
+    with jax.transfer_guard(level):
+        first, again = ours(w), ours(w)
+    np.testing.assert_array_equal(np.asarray(first), expected)
+    np.testing.assert_array_equal(np.asarray(again), expected)
+    # What the user's own code asks for stays under the guard, as JAX guards it: a constant's
+    # first transfer goes as `jax.device_put` of its NumPy data goes (refused under
+    # `disallow_explicit`).
+    fresh = _data(seed=1)
+    with jax.transfer_guard(level):
+        ours_first = _outcome(lambda: jnp.asarray(FrozenConst(fresh)))
+        theirs = _outcome(lambda: jax.device_put(fresh))
+    assert ours_first == theirs == ("ran" if level == "disallow" else "Disallowed host-to-device"), (
+        ours_first,
+        theirs,
+    )

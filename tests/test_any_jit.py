@@ -13,6 +13,8 @@ import contextlib
 import gc
 import itertools
 import json
+import os
+import pathlib
 import sys
 import textwrap
 import warnings
@@ -474,6 +476,79 @@ def test_grad_of_frozenconst_jit_over_a_custom_rule_keeps_the_constant_out(rule)
             np.testing.assert_array_equal(program(x), as_argument(x, jnp.asarray(table)))
 
 
+def _with_a_reference(form, get):
+    """A function of `(ref, x)` that uses the table through `get()` beside a mutable reference
+    (`jax.new_ref`): made inside and updated in a `fori_loop` body, passed in, or made inside and
+    updated by a nested `jax.jit`."""
+
+    def step(r, x):
+        r[...] += jnp.tanh(get() @ x)
+
+    def in_loop(ref, x):
+        r = jax.new_ref(jnp.zeros(128))
+        lax.fori_loop(0, 3, lambda i, c: (step(r, x), c)[1], 0)
+        return r[...]
+
+    def passed_in(ref, x):
+        step(ref, x)
+        return ref[...]
+
+    def nested(ref, x):
+        r = jax.new_ref(jnp.zeros(128))
+        inner = jax.jit(step)
+        inner(r, x)
+        inner(r, x * 2)
+        return r[...]
+
+    return {"fori_loop": in_loop, "argument": passed_in, "nested jit": nested}[form]
+
+
+REFERENCE_FORMS = ["fori_loop", "argument", "nested jit"]
+
+
+@pytest.mark.parametrize("form", REFERENCE_FORMS)
+@pytest.mark.parametrize("jit", ["jax.jit", "frozenconst.jit"])
+def test_a_mutable_reference_beside_the_constant_keeps_it_out(form, jit):
+    # JAX makes such a program pure at lowering by tracing it again (`discharge_state`), which
+    # under its default pipeline turns the constant back into embedded data: the program must
+    # stay the size of the argument form's, compute its values and say nothing.
+    table = _wide_table()
+    x = jnp.linspace(-1.0, 1.0, 128, dtype=jnp.float32)
+    ours = _compile(jit, _with_a_reference(form, lambda: table))
+    as_argument = jax.jit(lambda ref, x, t: _with_a_reference(form, lambda: t)(ref, x))
+    array = jnp.asarray(np.asarray(table))
+    baseline = len(as_argument.lower(jax.new_ref(jnp.zeros(128)), x, array).as_text())
+    expected = np.asarray(as_argument(jax.new_ref(jnp.zeros(128)), x, array))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", frozenconst.FrozenConstWarning)
+        text = ours.lower(jax.new_ref(jnp.zeros(128)), x).as_text()
+        assert len(text) < baseline + 1024 < table.nbytes, (len(text), baseline)
+        np.testing.assert_array_equal(np.asarray(ours(jax.new_ref(jnp.zeros(128)), x)), expected)
+
+
+@pytest.mark.skipif(SIMPLIFIED, reason="JAX's simplified pipeline keeps a literal through the new trace")
+def test_where_the_pure_program_cannot_be_reached_the_embedded_constant_is_named(monkeypatch):
+    # Reaches inside: a JAX whose lowering frozenconst cannot follow into the pure program it
+    # makes of one with references (`_compat.Hooks.discharge` missing) is simulated by putting
+    # JAX's own function back; the constant is then embedded, and said, with the fix.
+    from frozenconst._compat import HOISTING
+
+    assert HOISTING is not None and HOISTING.discharge is not None
+    monkeypatch.setattr(HOISTING.pxla, "_discharge_refs_jaxpr", HOISTING.discharge)
+    monkeypatch.setattr(HOISTING, "discharge", None)
+    table = _wide_table()
+    x = jnp.ones(128)
+    for form in REFERENCE_FORMS:
+        program = jax.jit(_with_a_reference(form, lambda: table))
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            text = program.lower(jax.new_ref(jnp.zeros(128)), x).as_text()
+        assert len(text) > table.nbytes  # embedded, as JAX embeds it
+        told = [str(w.message) for w in said if issubclass(w.category, frozenconst.FrozenConstWarning)]
+        assert len(told) == 1 and "mutable reference (`jax.new_ref`)" in told[0], told
+        assert "pass the constant to the function as an argument" in told[0]
+
+
 @pytest.mark.parametrize("index", [slice(None), Ellipsis, slice(None, 64)], ids=["[:]", "[...]", "[:64]"])
 def test_a_static_slice_of_a_frozenconst_under_jax_jit_is_a_parameter(index):
     # `T[:]`, `T[...]`, `T[:64]` inside `jax.jit` must not put the data into the program, nor
@@ -594,3 +669,56 @@ def test_a_library_scopes_the_warnings_about_its_constants_in_one_line(tmp_path,
     assert [w.filename for w in caught if issubclass(w.category, frozenconst.FrozenConstWarning)] == [
         __file__
     ]
+
+
+def _documented_pytest_setting():
+    """The `filterwarnings` setting docs/jit.md gives a pytest suite, as written there."""
+    text = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "jit.md").read_text()
+    block = text.split("```toml", 1)[1].split("```", 1)[0]
+    return textwrap.dedent(block).strip()
+
+
+_USER_TESTS = """
+import jax, jax.numpy as jnp, numpy as np
+from jax import export
+from frozenconst import FrozenConst
+import mylib_row15.tables as tables
+SPEC = jax.ShapeDtypeStruct((64,), jnp.float32)
+
+def test_the_librarys_constant():
+    export.export(jax.jit(lambda s: tables.log_mel(s)))(SPEC)
+
+def test_my_own_constant():
+    mine = FrozenConst(np.linspace(0.0, 1.0, 64 * 64, dtype=np.float32).reshape(64, 64))
+    export.export(jax.jit(lambda s: mine @ s))(SPEC)
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.pipeline_independent
+def test_a_pytest_suite_that_makes_warnings_errors_scopes_a_librarys_warnings_as_documented(tmp_path):
+    # pytest applies its `filterwarnings` setting before each test, ahead of any filter a module
+    # set at import: the documented setting scopes the library's warnings there, and the
+    # user's own constant still fails their test.
+    package = tmp_path / "mylib_row15"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "tables.py").write_text(_LIBRARY)
+    (tmp_path / "test_user.py").write_text(_USER_TESTS)
+    (tmp_path / "pyproject.toml").write_text(_documented_pytest_setting().replace("mylib", "mylib_row15"))
+    env = {**subprocess_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path), subprocess_env()["PYTHONPATH"]])}
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        "test_user.py",
+    ]
+    code, out = run_bounded(command, cwd=tmp_path, env=env)
+    assert code == 1, out[-3000:]
+    assert "1 failed, 1 passed" in out and "FAILED test_user.py::test_my_own_constant" in out, out[-3000:]
+    assert "made in `test_user`" in out, out[-3000:]

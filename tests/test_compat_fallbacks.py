@@ -148,7 +148,8 @@ def test_without_the_call_frame_a_donation_is_met_at_the_constants_next_use(monk
 
 def test_a_level_with_input_effects_keeps_its_constants_and_programs_stay_right(monkeypatch):
     # A level whose effects name its inputs by position keeps its constants (`_compat
-    # .has_input_effects`); forced on every level here: every FrozenConst embedded, as JAX does.
+    # .has_input_effects`); forced on every level here: every FrozenConst embedded, as JAX does,
+    # and said (under JAX's default pipeline, where the rewrite is frozenconst's).
     from frozenconst import _jaxprs
 
     monkeypatch.setattr(_jaxprs, "has_input_effects", lambda jaxpr: True)
@@ -157,9 +158,16 @@ def test_a_level_with_input_effects_keeps_its_constants_and_programs_stay_right(
     f = jax.jit(lambda w: jax.lax.scan(lambda c, _: (x @ c, None), w, None, length=2)[0] + x[0])
     w = jnp.ones(64) / 64
     expected = on_device(data) @ (on_device(data) @ np.asarray(w)) + on_device(data)[0]
-    assert_float32_close(f(w), expected, np.abs(data) @ (np.abs(data) @ np.asarray(w)) + np.abs(data)[0])
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        got = f(w)
+    assert_float32_close(got, expected, np.abs(data) @ (np.abs(data) @ np.asarray(w)) + np.abs(data)[0])
+    told = [str(w.message) for w in said if issubclass(w.category, FrozenConstWarning)]
     if not SIMPLIFIED:
         assert len(f.lower(w).as_text()) > data.nbytes
+        assert len(told) == 1 and "is embedded in the compiled program" in told[0], told
+    else:
+        assert told == []
 
 
 def test_without_page_locked_memory_pinned_is_pageable_and_said_once(monkeypatch):

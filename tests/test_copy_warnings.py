@@ -176,3 +176,38 @@ def test_jax_debug_callback_receives_arrays_where_the_constants_were():
     jax.debug.callback(lambda tree: got.append(type(tree["t"])), {"t": FrozenConst(np.ones(2, np.float32))})
     jax.effects_barrier()
     assert got == [type(jnp.ones(2))]
+
+
+@pytest.mark.parametrize("callback", ["jax.pure_callback", "io_callback"])
+@pytest.mark.parametrize("where", ["eager", "jax.jit", "frozenconst.jit"])
+def test_a_callback_receives_a_constants_values_as_it_receives_a_jax_arrays(callback, where):
+    # The callback's arguments are rebuilt from the values the program passed it: those are the
+    # values the callback asked for, not copies of the constant to warn of.
+    from jax.experimental import io_callback
+
+    import frozenconst
+
+    data = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    got = {}
+    for kind, value in (("array", jnp.asarray(data)), ("frozen", FrozenConst(data))):
+        seen = []
+
+        def receive(tree, scale, seen=seen):
+            seen.append((type(tree["t"]), type(scale), np.array(tree["t"])))
+            return np.asarray(tree["t"]).sum(dtype=np.float32) * np.asarray(scale)
+
+        def program(scale, value=value, receive=receive):
+            out = jax.ShapeDtypeStruct((), jnp.float32)
+            if callback == "io_callback":
+                return io_callback(receive, out, {"t": value}, scale)
+            return jax.pure_callback(receive, out, {"t": value}, scale)
+
+        run = {"eager": program, "jax.jit": jax.jit(program), "frozenconst.jit": frozenconst.jit(program)}
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no warning at all, as for a jax.Array
+            result = run[where](jnp.float32(2.0))
+        got[kind] = (float(result), seen)
+    (array_result, array_seen), (frozen_result, frozen_seen) = got["array"], got["frozen"]
+    assert frozen_result == array_result == 30.0
+    assert [s[:2] for s in frozen_seen] == [s[:2] for s in array_seen]  # the types a jax.Array gets
+    np.testing.assert_array_equal(frozen_seen[0][2], data)

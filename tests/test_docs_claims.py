@@ -11,6 +11,7 @@ import pathlib
 import re
 import statistics
 
+import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -307,3 +308,70 @@ def test_the_export_figures_are_the_latest_runs():
     assert load["anon_growth"] < load["nbytes"] // 50 and load["peak_growth"] <= 1.1 * load["nbytes"]
     # The size claim: the program independent of the constants' size.
     assert max(ours) < 16384 and all(t > (m << 20) for t, m in zip(theirs, (1, 64), strict=True))
+
+
+# -- claims that are not benchmark figures ---------------------------------------------------------
+
+
+def _headings(page):
+    """The headings of a docs page, without their `#` marks."""
+    return [
+        line.lstrip("#").strip() for line in (ROOT / page).read_text().splitlines() if line.startswith("#")
+    ]
+
+
+def _package_strings():
+    """(file, text) of every string literal in the package: its messages and docstrings."""
+    import io
+    import tokenize
+
+    for path in sorted((ROOT / "frozenconst").glob("*.py")):
+        for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+            # (From Python 3.12 an f-string's text comes as FSTRING_MIDDLE tokens.)
+            if token.type in (tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)):
+                yield path.name, " ".join(token.string.replace('\\"', '"').split())
+
+
+def test_every_docs_section_a_message_names_exists():
+    # A message or docstring that sends the user to `docs/<page>.md, "<section>"` names a heading
+    # of that page; one that says `(docs: "<title>")` names a heading of some page.
+    every = {
+        heading for page in (ROOT / "docs").rglob("*.md") for heading in _headings(page.relative_to(ROOT))
+    }
+    named = 0
+    for name, text in _package_strings():
+        for page, section in re.findall(r"(docs/[\w/.-]+\.md), \"([^\"]+)\"", text):
+            assert any(h.startswith(section) for h in _headings(page)), (name, page, section)
+            named += 1
+        for title in re.findall(r"docs: \"([^\"]+)\"", text):
+            assert any(h.startswith(title) for h in every), (name, title)
+            named += 1
+    assert named >= 10
+
+
+def _aliases(put):
+    """Whether `put` of a 64-byte aligned, writable NumPy array returns an array over its memory."""
+    raw = np.zeros(4096 + 64, np.uint8)
+    start = (-raw.ctypes.data) % 64
+    host = raw[start : start + 4096].view(np.float32)
+    host[:] = 1.0
+    device = put(host)
+    host[0] = 5.0
+    return float(device[0]) == 5.0
+
+
+def test_which_device_copies_alias_numpy_on_this_jax_is_what_the_readme_says():
+    import jax
+    import jax.numpy as jnp
+    from helpers import requires_cpu
+
+    requires_cpu("aliasing")
+    old = jax.__version_info__ < (0, 10)
+    assert (_aliases(jax.device_put), _aliases(jnp.asarray), _aliases(jnp.array)) == (True, old, False)
+    for page in ("README.md", "README-pypi.md"):
+        text = _text(page)
+        assert "`jax.device_put(a)` aliases a 64-byte aligned NumPy array instead of copying it" in text, page
+        assert "on every JAX from 0.8.1 to 0.12, and so does `jnp.asarray(a)` on jax 0.8 and 0.9" in text, (
+            page
+        )
+        assert "(from jax 0.10 it copies, as `jnp.array(a)` does on every version)" in text, page

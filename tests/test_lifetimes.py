@@ -11,6 +11,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import warnings
 import weakref
 
 import jax
@@ -94,15 +95,15 @@ def test_each_call_is_fed_only_the_constants_its_executable_takes(wrap):
     # handed another configuration's constant.
     kwargs = {"embed_max_bytes": 0} if wrap is frozenconst.jit else {}
     f = wrap(lambda h, w: h.c @ w, static_argnums=0, **kwargs)
-    holders = [Holder(FrozenConst(unique_data((32, 32)))) for _ in range(30)]  # 4 KiB: parameters
-    w = jnp.ones(32)
+    holders = [Holder(FrozenConst(unique_data((32, 64)))) for _ in range(30)]  # 8 KiB: parameters
+    w = jnp.ones(64)
     for h in holders:
         f(h, w).block_until_ready()
     baseline = jax.jit(lambda c, w: c @ w).lower(holders[0].c, w)
     for h in (holders[0], holders[-1]):
         assert program_parameters(f.lower(h, w)) == program_parameters(baseline) == 2
     for h in (holders[7], holders[0], holders[29]):
-        assert_float32_close(f(h, w), on_device(h.c) @ np.ones(32), np.abs(np.asarray(h.c)).sum(1))
+        assert_float32_close(f(h, w), on_device(h.c) @ np.ones(64), np.abs(np.asarray(h.c)).sum(1))
 
 
 def test_static_arguments_by_name_and_by_position_share_their_constants():
@@ -191,6 +192,73 @@ def test_constant_built_inside_the_function_belongs_to_that_trace():
     # traces of one Python function between its jits).
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda w: f(w))(jnp.ones(4))), np.arange(4.0))
     assert len(traces) == 2
+
+
+_TRACES = {
+    "jax.eval_shape": lambda f, w: jax.eval_shape(f, w),
+    "jax.jit(f).trace": lambda f, w: jax.jit(f).trace(w),
+    "jax.make_jaxpr": lambda f, w: jax.make_jaxpr(f)(w),
+}
+
+
+@pytest.mark.parametrize("trace", sorted(_TRACES))
+def test_after_a_trace_and_evict_the_next_program_takes_the_current_buffer(trace):
+    # JAX keeps the trace of `f` (how flax and equinox build abstract models, `jax.eval_shape`)
+    # with the buffer it met there; a later `jax.jit(f)` lowers that trace. After `evict` it must
+    # take the constant's current buffer as a parameter, and the evicted buffer must be gone.
+    data = unique_data((128, 128))
+    table = FrozenConst(data)
+    w = jnp.ones(128)
+
+    def f(v):
+        return jnp.tanh(table @ v)
+
+    as_argument = jax.jit(lambda t, v: jnp.tanh(t @ v))
+    array = on_device(data)
+    expected = np.asarray(as_argument(array, w))
+    argument_form = len(as_argument.lower(array, w).as_text())
+    del array
+    _TRACES[trace](f, w)
+    evicted = weakref.ref(jnp.asarray(table))
+    table.evict()
+    assert len(jax.jit(f).lower(w).as_text()) <= 1.1 * argument_form  # none of the data
+    np.testing.assert_array_equal(np.asarray(jax.jit(f)(w)), expected)
+    gc.collect()
+    # The evicted buffer went with JAX's trace (on the CPU the current one may alias the same
+    # host memory: the array object is what tells them apart), and the program holds the current.
+    assert evicted() is None
+    assert live_copies(data) == 1
+
+
+@pytest.mark.parametrize("make", ["frozenconst.intern", "FrozenConst"])
+def test_a_constant_made_inside_the_jitted_function_is_a_parameter(make):
+    # The constant dies when the trace ends, before JAX lowers the trace: the program takes its
+    # buffer as a parameter all the same, as it would the buffer of a constant that lives on.
+    data = unique_data((128, 128))
+    build = frozenconst.intern if make == "frozenconst.intern" else FrozenConst
+    w = jnp.ones(128)
+
+    def f(v):
+        return jnp.tanh(build(data) @ v)
+
+    as_argument = jax.jit(lambda t, v: jnp.tanh(t @ v))
+    array = on_device(data)
+    expected = np.asarray(as_argument(array, w))
+    argument_form = len(as_argument.lower(array, w).as_text())
+    del array
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to say: nothing is embedded
+        assert len(jax.jit(f).lower(w).as_text()) <= 1.1 * argument_form
+        jitted = jax.jit(f)
+        np.testing.assert_array_equal(np.asarray(jitted(w)), expected)
+        np.testing.assert_array_equal(np.asarray(jitted(w)), expected)  # the cached program
+        # The audit says so too: a FrozenConst, a parameter.
+        (found,) = frozenconst.audit(f, w).constants
+        assert (found.kind, found.parameter) == ("frozenconst", True)
+    assert live_copies(data) == 1  # held by the program, as its parameter
+    del jitted
+    jax.clear_caches()
+    assert live_copies(data) == 0  # and gone with it
 
 
 def test_a_nested_use_costs_no_trace_more_than_jax_jit():

@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import enable_x64
-from hypothesis import find, given
+from helpers import SIMPLIFIED, enable_x64
+from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
 import frozenconst
@@ -215,3 +215,61 @@ def test_a_python_scalar_stays_weak_where_it_travels_and_strong_with_a_dtype():
         assert not jnp.asarray(strong).weak_type
     # Placed on a device: the committed buffer is weak too.
     assert jnp.asarray(x.placed(jax.devices()[0])).weak_type
+
+
+# -- bit for bit what the argument form computes ---------------------------------------------------
+# A FrozenConst kept out of a program is a parameter, as the table passed as an argument is: the
+# program is the argument form's, so its results are too, bit for bit, where an embedded table lets
+# XLA fold it and round otherwise. One at or below the size JAX itself embeds (under JAX's default
+# pipeline frozenconst's `embed_max_bytes`, 1 KiB; under the simplified one JAX's own rule) is
+# embedded as a closed-over `jax.Array` is, and computes what that computes.
+
+_TABLE_DTYPES = ["float32", "float16", "bfloat16", "float64", "int32", "int8", "uint8", "bool", "complex64"]
+
+
+def _uses(t, x):
+    """Mixed, non-linear arithmetic on the table, whose rounding folding it could change."""
+    real = jnp.abs(t) if jnp.iscomplexobj(t) else t
+    f = real.astype(jnp.float32)
+    return jnp.tanh(f * x + jnp.sin(f) * 1.1).sum(axis=0) + jnp.exp(-jnp.abs(f[0]))
+
+
+_TRANSFORMS = {
+    "plain": lambda g: g,
+    "nested jit": lambda g: lambda x: jax.jit(g)(x) * 2.0,
+    "grad": lambda g: jax.grad(lambda x: jnp.sum(g(x))),
+    "vmap": lambda g: lambda x: jax.vmap(g)(jnp.stack([x, -x])),
+    "scan": lambda g: lambda x: jax.lax.scan(lambda c, _: (c + g(c), None), x, None, length=2)[0],
+}
+_JITS = {
+    "jax.jit": (jax.jit, 1024),
+    "frozenconst.jit": (frozenconst.jit, 1024),
+    "frozenconst.jit(embed_max_bytes=0)": (lambda f: frozenconst.jit(f, embed_max_bytes=0), 0),
+}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    dtype=st.sampled_from(_TABLE_DTYPES),
+    shape=st.one_of(st.tuples(st.integers(1, 700)), st.tuples(st.integers(1, 24), st.integers(1, 40))),
+    transform=st.sampled_from(sorted(_TRANSFORMS)),
+    jit=st.sampled_from(sorted(_JITS)),
+    seed=st.integers(0, 2**16),
+)
+def test_results_are_bit_for_bit_the_argument_forms(dtype, shape, transform, jit, seed):
+    rng = np.random.default_rng(seed)
+    data = (rng.standard_normal(shape) * 3).astype(jnp.dtype(dtype))
+    table = FrozenConst(data)
+    x = jnp.asarray(rng.standard_normal(shape[-1:]).astype(np.float32))
+    wrap, embed_max_bytes = _JITS[jit]
+    form = _TRANSFORMS[transform]
+    ours = np.asarray(wrap(form(lambda y: _uses(table, y)))(x))
+    array = jnp.asarray(data)
+    # JAX's own rule under the simplified pipeline: above `jax_embedded_constants_max_bytes` from
+    # jax 0.10; every non-scalar array (all drawn here) on 0.8 and 0.9, which lack the option.
+    limit = getattr(jax.config, "jax_embedded_constants_max_bytes", 0) if SIMPLIFIED else embed_max_bytes
+    if table.nbytes > limit:
+        expected = jax.jit(lambda t, x: form(lambda y: _uses(t, y))(x))(array, x)  # the argument form
+    else:
+        expected = jax.jit(form(lambda y: _uses(array, y)))(x)  # embedded, as JAX embeds a small array
+    np.testing.assert_array_equal(_bits(ours), _bits(np.asarray(expected)))
