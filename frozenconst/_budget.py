@@ -145,14 +145,8 @@ def _evict(keep: Store | None, over: dict[Device, int]) -> set[Device]:
         ]
         if not found:
             continue
-        # What each buffer frees, by device and address (the default buffer and a committed
-        # view of it are one buffer), and a weak reference to tell whether it went.
-        dropped: list[tuple[Any, weakref.ref[jax.Array], list[tuple[Any, int, int]]]] = []
-        for made, array in found:
-            shards = _pieces(array)
-            store.release(made)
-            dropped.append((made, weakref.ref(array), shards))
-        del found, array
+        dropped = _release(store, found)
+        del found  # the last strong references: from now on only what holds them elsewhere
         # Programs holding them let go (JAX compiles them again at their next call).
         for hook in STATE.dropped:
             hook(store)
@@ -175,6 +169,19 @@ def _evict(keep: Store | None, over: dict[Device, int]) -> set[Device]:
                 over[device] -= nbytes
                 freed.add(device)
     return freed
+
+
+def _release(
+    store: Store, found: list[tuple[Any, jax.Array]]
+) -> list[tuple[Any, weakref.ref[jax.Array], list[tuple[Any, int, int]]]]:
+    """Drop `found` (keys in `store._made` and their buffers) from the cache: for each, its key,
+    a weak reference that tells whether it went, and what it frees, by device and address
+    (the default buffer and a committed view of it are one buffer)."""
+    dropped = []
+    for made, array in found:
+        dropped.append((made, weakref.ref(array), _pieces(array)))
+        store.release(made)
+    return dropped
 
 
 def _drain(devices: set[Device]) -> None:

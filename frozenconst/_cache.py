@@ -551,11 +551,11 @@ class Store:
                     self.retransfers += 1
             elif STATE.accounting and (budget is not None or self.memory.streams):
                 self.hits += 1
-            if budget is None and not self.memory.streams:
-                if key is not _UNSERVED:
-                    self._serve(key, array)
-            else:
-                self.used = next(_CLOCK)
+            if budget is None and not self.memory.streams and key is not _UNSERVED:
+                self._serve(key, array)
+            # (Uses served from `served` never come here: before a budget, the order of
+            # first uses.)
+            self.used = next(_CLOCK)
         return array, lost
 
     def item(self, sharding: Sharding | None, index: Any) -> jax.Array | None:

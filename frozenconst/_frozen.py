@@ -82,12 +82,13 @@ class FrozenConst(_StaticBase):
             pageable (on CPU the device buffer aliases the host copy). Default:
             the environment variable `FROZENCONST_HOST_MEMORY`, else `"auto"`.
             See [Host memory](host-memory.md).
-        residency: where the constant lives between uses: `"device"` (the
-            default: one device buffer per placement, transferred once) or
-            `"host"`: in page-locked host memory, never held on a device, each
-            program that uses it moving what it reads onto the device (`x[i]` in
-            a `lax.scan` body moves one slice per step). For constants bigger than
-            the device's memory. See [Host memory](host-memory.md).
+        residency: where the constant lives between uses: `"device"` (one
+            device buffer per placement, transferred once) or `"host"`: in
+            page-locked host memory, never held on a device, each program that
+            uses it moving what it reads onto the device (`x[i]` in a `lax.scan`
+            body moves one slice per step). For constants bigger than the
+            device's memory. Default: a `FrozenConst` source's, else `"device"`.
+            See [Host memory](host-memory.md).
 
     Raises:
         FrozenConstTypeError: `obj` is not numeric data JAX can hold (object,
@@ -131,11 +132,11 @@ class FrozenConst(_StaticBase):
         *,
         sharding: Target | None = None,
         host_memory: HostMemory | None = None,
-        residency: Residency = "device",
+        residency: Residency | None = None,
     ) -> None:
         declared = None
         choice = host_memory_choice(host_memory)
-        resides = residency_choice(residency, host_memory)
+        resides = None if residency is None else residency_choice(residency, host_memory)
         if isinstance(obj, FrozenConst):
             # The same store where the dtype is the same (no copy), else a frozen
             # copy, placed in host memory as any new constant is.
@@ -143,11 +144,12 @@ class FrozenConst(_StaticBase):
             store = held.with_dtype(dtype)
             if store is not held or (dtype is not None and store.weak):
                 # (A dtype asked for makes it strongly typed, as `jnp.asarray(a, dtype)` does.)
-                store = Store(store.host, choice, residency=resides)
+                kept: Residency = getattr(held, "residency", "device")  # a derived value has none
+                store = Store(store.host, choice, residency=resides or kept)
             else:
                 if host_memory is not None:
                     store = store.in_host_memory(choice)
-                if resides != store.residency:
+                if resides is not None and resides != store.residency:
                     store = store.in_residency(resides)
         elif (
             sharding is not None
@@ -162,7 +164,7 @@ class FrozenConst(_StaticBase):
             # would wrap on the device under the current x64 setting), copied once.
             # A Python scalar without a dtype is weakly typed, as in `jnp.asarray(0.5)`.
             weak = dtype is None and type(obj) in _WEAK_TYPES
-            store = Store(frozen_copy(obj, dtype), choice, weak=weak, residency=resides)
+            store = Store(frozen_copy(obj, dtype), choice, weak=weak, residency=resides or "device")
         if declared is None:
             declared = store.home if sharding is None else store.declare(sharding)
         self._init(store, declared)
