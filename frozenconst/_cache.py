@@ -559,11 +559,15 @@ class Store:
         return array, lost
 
     def item(self, sharding: Sharding | None, index: Any) -> jax.Array | None:
-        """`x[index]` of a host-resident constant inside a trace: sliced in host memory, and only
-        the slice moved to the device by the program. None for any other use (the caller then
-        indexes `x.__jax_array__()`): another constant, or eagerly."""
-        if not self.memory.streams or not tracing():
+        """`x[index]` of a host-resident constant: inside a trace, sliced in host memory and only
+        the slice moved to the device by the program; eagerly, a basic index's part of the frozen
+        NumPy copy transferred. None for any other use (the caller then indexes
+        `x.__jax_array__()`, the whole constant moved)."""
+        memory = self.memory
+        if not isinstance(memory, Resident) or not memory.streams:
             return None
+        if not tracing():
+            return None if sharding is not None or self.weak else memory.eager_index(index)
         array, lost = self._cached(sharding, DEFAULT_DEVICE.value, _UNSERVED)
         if lost:
             self._lost()

@@ -294,6 +294,23 @@ class Resident:
         free: jax.Array | None = uncommitted(moved)
         return moved if free is None else free
 
+    def eager_index(self, index: Any) -> jax.Array | None:
+        """`x[index]` outside a trace, for a basic index (ints, slices, `None`, `...`): that part
+        of the frozen NumPy copy, transferred (NumPy and JAX agree on what a basic index
+        selects). None for any other index, or data JAX holds in another dtype."""
+        parts = index if isinstance(index, tuple) else (index,)
+        basic = all(
+            p is None
+            or p is Ellipsis
+            or isinstance(p, slice)
+            or (isinstance(p, int | np.integer) and not isinstance(p, bool))
+            for p in parts
+        )
+        if not basic or jax.dtypes.canonicalize_dtype(self.host.dtype) != self.host.dtype:
+            return None
+        part: jax.Array = jax.device_put(self.host[index])
+        return part
+
     @staticmethod
     def index(array: jax.Array, index: Any) -> jax.Array:
         """`array[index]`, sliced in host memory, moved to device memory: inside a trace, by the

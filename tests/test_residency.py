@@ -153,7 +153,15 @@ def test_eager_uses_are_uncommitted_as_a_device_resident_constants_are(table):
     moved = jnp.asarray(resident)
     assert moved.committed is jnp.asarray(FrozenConst(table)).committed is False
     assert moved.sharding.memory_kind in (None, jax.devices()[0].default_memory().kind)
-    np.testing.assert_array_equal(np.asarray(resident[4]), table[4])
+    del moved
+    # A basic index reads only its part: the whole constant is never moved for it.
+    for index in (4, (slice(1, 3), 5), (Ellipsis, 0), (None, -1)):
+        part = resident[index]
+        np.testing.assert_array_equal(np.asarray(part), table[index])
+        assert not part.committed
+    assert live_copies(table) == 0
+    # An index array gathers from the whole constant, moved for the call.
+    np.testing.assert_array_equal(np.asarray(resident[jnp.array([0, 2])]), table[[0, 2]])
 
 
 def test_construction_choices_and_copies(table):
