@@ -428,9 +428,10 @@ class Store:
         sharing its frozen NumPy copy."""
         if residency == self.residency:
             return self
-        host_memory: HostMemory = "pinned" if self.memory.name == "pinned" else "pageable"
+        # (A device-resident constant made from a host-resident one keeps no page-locked copy
+        # unless `host_memory="pinned"` asks for one.)
         what = f"FrozenConst(x, residency={residency!r})"
-        return Store(self.whole(what), host_memory, weak=self.weak, residency=residency)
+        return Store(self.whole(what), "pageable", weak=self.weak, residency=residency)
 
     def in_host_memory(self, host_memory: HostMemory) -> Store:
         """The store of `FrozenConst(x, host_memory=...)`: this one where its host memory is what

@@ -141,16 +141,18 @@ class FrozenConst(_StaticBase):
             # The same store where the dtype is the same (no copy), else a frozen
             # copy, placed in host memory as any new constant is.
             held = obj._held()
+            # Where the source resides, unless asked otherwise (a derived value: on the device).
+            if resides is None:
+                resides = residency_choice(getattr(held, "residency", "device"), host_memory)
             store = held.with_dtype(dtype)
             if store is not held or (dtype is not None and store.weak):
                 # (A dtype asked for makes it strongly typed, as `jnp.asarray(a, dtype)` does.)
-                kept: Residency = getattr(held, "residency", "device")  # a derived value has none
-                store = Store(store.host, choice, residency=resides or kept)
+                store = Store(store.host, choice, residency=resides)
             else:
+                if resides != store.residency:
+                    store = store.in_residency(resides)
                 if host_memory is not None:
                     store = store.in_host_memory(choice)
-                if resides is not None and resides != store.residency:
-                    store = store.in_residency(resides)
         elif (
             sharding is not None
             and lazily_sliceable(obj)

@@ -170,7 +170,11 @@ def test_construction_choices_and_copies(table):
     assert resident.residency == "host" and device.residency == "device"
     assert np.shares_memory(np.asarray(resident), np.asarray(device))
     assert FrozenConst(resident).residency == "host"  # the same constant
-    assert FrozenConst(resident, residency="device").residency == "device"
+    back = FrozenConst(resident, residency="device")
+    assert back.residency == "device" and back.host_memory == "pageable"
+    pinned = FrozenConst(resident, residency="device", host_memory="pinned")
+    assert pinned.residency == "device" and pinned.host_memory == "pinned"
+    assert np.shares_memory(np.asarray(back), np.asarray(pinned))
     assert FrozenConst(resident, dtype=np.float16).residency == "host"  # a copy, resident as its source
     again = pickle.loads(pickle.dumps(resident))
     assert again.residency == "host"
@@ -196,6 +200,15 @@ def test_construction_choices_and_copies(table):
 def test_a_bad_residency_is_refused_by_name(kwargs, error, match):
     with pytest.raises(error, match=match):
         FrozenConst(np.ones(3), **kwargs)
+    with pytest.raises(error, match=match):
+        FrozenConst(FrozenConst(np.ones(3)), **kwargs)
+
+
+def test_a_host_resident_source_asked_for_pageable_memory_is_refused():
+    resident = FrozenConst(np.ones(3), residency="host")
+    with pytest.raises(FrozenConstValueError, match="cannot keep a constant in pageable"):
+        FrozenConst(resident, host_memory="pageable")
+    assert FrozenConst(resident, host_memory="pageable", residency="device").host_memory == "pageable"
 
 
 def test_a_pageable_default_from_the_environment_does_not_refuse_host_residency(monkeypatch):
