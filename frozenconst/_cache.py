@@ -96,8 +96,6 @@ class Placement:
         return cls(array.sharding, np.dtype(array.dtype), array.committed, types.MappingProxyType(per_device))
 
 
-# The state the cache keeps for the whole process, in one object: `from ._cache
-# import STATE` binds the object, so every module reads and writes the same fields.
 class Budget(Protocol):
     """What `Store._fill` asks of a device budget in force (`_budget.DeviceBudget`)."""
 
@@ -110,6 +108,8 @@ class Budget(Protocol):
         """Evict other constants until `incoming` bytes per device fit, or raise."""
 
 
+# The state the cache keeps for the whole process, in one object: `from ._cache
+# import STATE` binds the object, so every module reads and writes the same fields.
 class _State:
     __slots__ = (
         "accounting",
@@ -563,8 +563,8 @@ class Store:
                 self.hits += 1
             if budget is None and not self.memory.streams and key is not _UNSERVED:
                 self._serve(key, array)
-            # (Uses served from `served` never come here: before a budget, the order of
-            # first uses.)
+            # (While no budget is in force, a use served from `served` never comes here: the
+            # recency a budget starts from is the order of first uses.)
             self.used = next(_CLOCK)
         return array, lost
 
@@ -756,11 +756,17 @@ class Store:
         tells of the loss): True where there was one."""
         with self._lock:
             lost = [key for key, array in self.served.items() if array.is_deleted()]
+            # Under a budget, and for a host-resident constant, nothing is served: its buffers
+            # by their keys in `_made`, `(declared sharding or None, default device, dtype)`.
+            unserved = [made for made, array in self._made.items() if array.is_deleted() and not self.served]
         for key in lost:
             # The keys `array` serves under: `(sharding, setting, x64)`, or the setting alone.
             sharding, setting = (key[0], key[1]) if isinstance(key, tuple) and len(key) == 3 else (None, key)
             self._fill(sharding, setting, key)
-        return bool(lost)
+        for made_sharding, device, _ in unserved:
+            if self._cached(None if device is not None else made_sharding, device, _UNSERVED)[1]:
+                self._lost()
+        return bool(lost or unserved)
 
     def arrays(self, device: bool | None = None) -> list[jax.Array]:
         """The live cached buffers, one per placement, default ones first: all of them, or those in

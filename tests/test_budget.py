@@ -331,3 +331,15 @@ def test_without_a_budget_uses_are_served_from_the_cache_slot_again():
     frozenconst.set_device_budget(None)
     _use(a)
     assert store.hot is jnp.asarray(a)
+
+
+def test_a_buffer_deleted_behind_the_budgets_back_is_made_again_for_the_programs_holding_it():
+    data, (a,) = _constants(1)
+    frozenconst.set_device_budget(4 * KIB4)
+    f = frozenconst.jit(lambda v: v * a, embed_max_bytes=0)
+    v = jnp.full(N, 3.0, jnp.float32)
+    np.testing.assert_array_equal(np.asarray(f(v)), 3 * data[0])
+    jnp.asarray(a).delete()  # behind frozenconst's back: the program holds a deleted buffer
+    with pytest.warns(frozenconst.FrozenConstWarning, match="was deleted"):
+        np.testing.assert_array_equal(np.asarray(f(v)), 3 * data[0])
+    assert live_copies(data[0]) >= 1
