@@ -19,6 +19,9 @@
     python -m benchmarks accelerator     # device memory, mutation, first transfer per host-memory
                                          # choice, per call, cache hits (`make device`; not part of "all":
                                          # its files are the accelerator's); --small: a CPU smoke run
+    python -m benchmarks residency       # constants bigger than the chip (host residency) and a device
+                                         # budget; --device: an accelerator's sizes (not part of "all");
+                                         # --quick: a CPU smoke run
     python -m benchmarks --quick         # smaller sweeps (a smoke run), written into a new
                                          # temporary folder: docs/results keeps the full run's
     python -m benchmarks SECTION --out DIR   # write that section's files into DIR, not docs/results
@@ -51,6 +54,7 @@ from . import (
     export,
     finetune,
     multihost,
+    residency,
     seed,
     seed_real,
     startup,
@@ -201,6 +205,7 @@ def main() -> None:
             "export",
             "compare",
             "accelerator",
+            "residency",
         ],
         default="all",
     )
@@ -219,8 +224,8 @@ def main() -> None:
     parser.add_argument(
         "--device",
         action="store_true",
-        help="anyjit, accelerator: sizes for a lent accelerator's time (`make device`): fewer compiles, "
-        "one process per pipeline for the seed",
+        help="anyjit, accelerator, residency: sizes for a lent accelerator's time (`make device`): fewer "
+        "compiles, one process per pipeline for the seed; residency sized from the device's memory",
     )
     parser.add_argument("--repeats", type=int, default=3, help="seed runs per configuration (median)")
     parser.add_argument(
@@ -234,8 +239,8 @@ def main() -> None:
         parser.error("a revision goes with the compare section, and only with it: compare REV")
     if args.small and args.section != "accelerator":
         parser.error("--small goes with the accelerator section; the others take --quick")
-    if args.device and args.section not in ("accelerator", "anyjit"):
-        parser.error("--device goes with the accelerator and anyjit sections")
+    if args.device and args.section not in ("accelerator", "anyjit", "residency"):
+        parser.error("--device goes with the accelerator, anyjit and residency sections")
     docs = results_folder(args.quick, args.out)
     docs.mkdir(parents=True, exist_ok=True)  # a new --out folder: made before an hour of measuring
     limit = int(args.rss_limit_gib * 2**30) if args.rss_limit_gib else None
@@ -256,10 +261,13 @@ def main() -> None:
         # accelerator's section, whose files are the accelerator's (`make device`).
         "compare": lambda: compare.main(args.rev, args.quick, docs, args.pairs),
         "accelerator": lambda: accelerator.main(args.small or args.quick, docs, device=args.device),
+        "residency": lambda: residency.main(args.quick, docs, device=args.device),
     }
     took = {}
     for name, run in sections.items():
-        if args.section == name or (args.section == "all" and name not in ("compare", "accelerator")):
+        if args.section == name or (
+            args.section == "all" and name not in ("compare", "accelerator", "residency")
+        ):
             start = time.monotonic()
             run()
             took[name] = time.monotonic() - start

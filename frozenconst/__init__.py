@@ -7,6 +7,8 @@ import typing as _typing
 from ._audit import AuditReport as AuditReport
 from ._audit import CapturedConstant as CapturedConstant
 from ._audit import audit as audit
+from ._budget import device_budget as device_budget
+from ._budget import set_device_budget as set_device_budget
 from ._cache import Placement as Placement
 from ._cache import set_accounting as set_accounting
 from ._checkpoints import restore as restore

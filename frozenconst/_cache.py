@@ -5,18 +5,27 @@
 buffer is dropped (`evict`) or lost (donated, deleted), the functions in `STATE.dropped` are told:
 that is how compiled programs holding it let go (`_hoist.dropped`), without this module
 knowing of any jit.
+
+Two kinds of use never take the hit: while a device budget is in force (`STATE.budget`, set by
+`_budget`), every use comes to `Store._fill`, which notes when the constant was last used and
+has the budget make room before a transfer; a host-resident constant (`residency="host"`) is
+moved to the device at each use (`_host_memory.Resident`). Neither fills `served` or `hot`, so
+the hit of every other constant, while no budget is set, is what it was.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import itertools
+import math
 import threading
 import types
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import jax
 import numpy as np
@@ -29,6 +38,7 @@ from ._compat import (
     Device,
     Tracer,
     eval_context,
+    tracing,
     weakly_typed,
 )
 from ._convert import as_dtype, check_narrowing
@@ -37,7 +47,7 @@ from ._errors import FrozenConstWarning
 from ._fingerprint import fingerprint
 from ._frames import origin_module, user_stacklevel
 from ._host import frozen_copy, human_bytes
-from ._host_memory import PAGEABLE, HostCopy, HostMemory, host_copy
+from ._host_memory import PAGEABLE, HostCopy, HostMemory, Residency, Resident, host_copy
 from ._targets import Target, as_sharding
 
 _REPR_MAX_ELEMENTS = 64
@@ -86,10 +96,32 @@ class Placement:
         return cls(array.sharding, np.dtype(array.dtype), array.committed, types.MappingProxyType(per_device))
 
 
+class Budget(Protocol):
+    """What `Store._fill` asks of a device budget in force (`_budget.DeviceBudget`)."""
+
+    # Taken before any store's lock while the budget makes room: it evicts other constants.
+    lock: threading.RLock
+    # Bytes per device (an int), or a fraction of each device's memory (a float).
+    limit: int | float
+
+    def make_room(self, store: Store, incoming: Mapping[Device, int]) -> None:
+        """Evict other constants until `incoming` bytes per device fit, or raise."""
+
+
 # The state the cache keeps for the whole process, in one object: `from ._cache
 # import STATE` binds the object, so every module reads and writes the same fields.
 class _State:
-    __slots__ = ("accounting", "dropped", "live", "outlived", "retired_hits", "retired_transfers")
+    __slots__ = (
+        "accounting",
+        "budget",
+        "dropped",
+        "live",
+        "outlived",
+        "retired_evictions",
+        "retired_hits",
+        "retired_retransfers",
+        "retired_transfers",
+    )
 
     def __init__(self) -> None:
         # Whether cache hits are counted (`frozenconst.set_accounting`).
@@ -97,6 +129,10 @@ class _State:
         # Counts carried over from constants that have been garbage-collected.
         self.retired_hits = 0
         self.retired_transfers = 0
+        self.retired_evictions = 0
+        self.retired_retransfers = 0
+        # The device budget in force (`frozenconst.set_device_budget`), or None.
+        self.budget: Budget | None = None
         # Every live store, for `frozenconst.stats()` and the audit's kind lookup.
         self.live: weakref.WeakSet[Store] = weakref.WeakSet()
         # Told of a store whose device buffer was evicted or lost, after the fact, and whether
@@ -112,6 +148,17 @@ class _State:
 
 
 STATE = _State()
+# The order of uses, for a budget's least recently used (`Store.used`).
+_CLOCK = itertools.count(1)
+# The lock `_fill` takes where no budget is in force: none.
+_UNLOCKED = contextlib.nullcontext()
+# The key of a use `Store._cached` serves nothing under.
+_UNSERVED = object()
+
+
+def in_device_memory(array: jax.Array) -> bool:
+    """Whether `array` lives in device memory, not in a host memory kind (`pinned_host`)."""
+    return not str(array.sharding.memory_kind or "device").endswith("host")
 
 
 def set_accounting(enabled: bool) -> None:
@@ -214,6 +261,7 @@ def live_twin(store: Store) -> Store | None:
         and not other.partial
         and (other.shape, other.dtype, other.weak) == (store.shape, store.dtype, store.weak)
         and other.host_memory == store.host_memory
+        and other.residency == store.residency
     ]
     if not found:
         return None
@@ -246,15 +294,19 @@ class Store:
         "_made",
         "device_dtypes",
         "dtype",
+        "evicted",
+        "evictions",
         "hits",
         "hot",
         "memory",
         "origin",
         "owned",
         "owner",
+        "retransfers",
         "served",
         "shape",
         "transfers",
+        "used",
         "volatile",
         "weak",
     )
@@ -275,16 +327,19 @@ class Store:
         host: np.ndarray[Any, Any],
         host_memory: HostMemory = "pageable",
         weak: bool = False,
+        residency: Residency = "device",
         digest: str | None = None,
     ) -> None:
         # `host_memory` (validated, `_host_memory.host_memory_choice`) says what the host holds
         # for transfers besides the frozen `host` (a constant's own copy, or a loaded constant's
         # read-only map of its file); `weak`: it holds a Python scalar, weakly typed as
-        # `jnp.asarray` types one; `digest`: `host`'s fingerprint, where the caller has just
-        # hashed it (a loaded constant's, checked against its manifest).
+        # `jnp.asarray` types one; `residency` (`_host_memory.residency_choice`): "host" keeps
+        # its buffers in page-locked host memory, moved to the device at each use; `digest`:
+        # `host`'s fingerprint, where the caller has just hashed it (a loaded constant's,
+        # checked against its manifest).
         self._setup(host.shape, host.dtype)
         self._host = host
-        self.memory = host_copy(host_memory)
+        self.memory = host_copy(host_memory, residency, host)
         self.weak = weak
         self._fingerprint = digest
 
@@ -310,6 +365,12 @@ class Store:
         # host-to-device transfers made (one per device buffer filled from the host).
         self.hits = 0
         self.transfers = 0
+        # What a device budget did to it: buffers evicted, and transfers of a placement evicted
+        # before (`evicted`, its keys in `_made`); and when it was last used (`_CLOCK`).
+        self.evictions = 0
+        self.retransfers = 0
+        self.evicted: set[tuple[Sharding | None, Device | None, np.dtype[Any]]] = set()
+        self.used = 0
         STATE.live.add(self)
         # The ids of this store's cached arrays, and the weak reference `OWNERS` holds for each.
         self.owned: set[int] = set()
@@ -371,6 +432,21 @@ class Store:
         """What transfers read: "pinned" (a page-locked copy) or "pageable" (the NumPy copy)."""
         return self.memory.name
 
+    @property
+    def residency(self) -> Residency:
+        """Where its buffers live between uses: "device", or "host" (page-locked, moved in by each use)."""
+        return "host" if self.memory.streams else "device"
+
+    def in_residency(self, residency: Residency) -> Store:
+        """The store of `FrozenConst(x, residency=...)`: this one where it resides there, else one
+        sharing its frozen NumPy copy."""
+        if residency == self.residency:
+            return self
+        # (A device-resident constant made from a host-resident one keeps no page-locked copy
+        # unless `host_memory="pinned"` asks for one.)
+        what = f"FrozenConst(x, residency={residency!r})"
+        return Store(self.whole(what), "pageable", weak=self.weak, residency=residency)
+
     def in_host_memory(self, host_memory: HostMemory) -> Store:
         """The store of `FrozenConst(x, host_memory=...)`: this one where its host memory is what
         `host_memory` asks for (`auto` takes either), else one sharing its frozen NumPy copy (which
@@ -383,7 +459,8 @@ class Store:
     def host_nbytes(self) -> int:
         """Bytes of host memory this process holds for the constant: its frozen buffers and a
         page-locked copy."""
-        return sum(b.nbytes for b in self.host_buffers()) + self.memory.nbytes
+        resident = sum(a.nbytes for a in self.arrays(device=False)) if self.memory.streams else 0
+        return sum(b.nbytes for b in self.host_buffers()) + self.memory.nbytes + resident
 
     def check_device_dtype(self, dtype: np.dtype[Any]) -> None:
         """Raise unless the host data keeps every integer on a device as `dtype`."""
@@ -443,20 +520,49 @@ class Store:
 
     def _fill(self, sharding: Sharding | None, setting: Any, key: Any) -> jax.Array:
         """The device buffer for a use with `sharding` under the `jax_default_device`
-        `setting`, made where none is cached, and served from now on under `key`."""
+        `setting`, made where none is cached, and served from now on under `key`.
+
+        Not served while a device budget is in force (each use comes here, noted in `used`,
+        and a transfer first has the budget make room), nor for a host-resident constant,
+        whose cached buffer is page-locked host memory and each use gets it moved to the
+        device (`Resident.stream`)."""
+        array, lost = self._cached(sharding, setting, key)
+        if lost:
+            self._lost()
+        memory = self.memory
+        if isinstance(memory, Resident) and memory.streams and not isinstance(array, Tracer):
+            return memory.stream(array, sharding is not None or self.home is not None)
+        return array
+
+    def _cached(self, sharding: Sharding | None, setting: Any, key: Any) -> tuple[jax.Array, bool]:
+        """The cached buffer for a use with `sharding` under `setting`, made where none is, and
+        whether it replaced one deleted behind our back; served from now on under `key` where
+        neither a budget nor host residency is in force (`_UNSERVED`: not served)."""
         sharding = self.home if sharding is None else sharding
-        dtype = jax.dtypes.canonicalize_dtype(self.dtype)
+        dtype = self.device_dtype()
         device = _default_device(setting) if sharding is None else None
         made = (sharding, device, dtype)
-        with self._lock:
+        budget = STATE.budget
+        if budget is not None or self.memory.streams:
+            # Every use of these comes here: a cached buffer is served without a lock (one the
+            # budget evicts meanwhile is held by this use, so the budget takes it back).
+            array = self._made.get(made)
+            if array is not None and not array.is_deleted():
+                if STATE.accounting:
+                    self.hits += 1
+                self.used = next(_CLOCK)
+                return array, False
+        with _UNLOCKED if budget is None else budget.lock, self._lock:
             array = self._made.get(made)
             lost = array is not None and array.is_deleted()
             if array is None or lost:
                 self.check_device_dtype(dtype)  # x64 may have been switched off since construction
                 with eval_context():
+                    if budget is not None and not self.memory.streams:
+                        budget.make_room(self, self.incoming(sharding, device, dtype))
                     fresh = self._transfer(sharding, dtype)
                 if isinstance(fresh, Tracer):  # never cached: it would leak (see `_compat.eval_context`)
-                    return fresh
+                    return fresh, False
                 if self.weak and not fresh.weak_type:
                     fresh = weakly_typed(fresh)
                 old, array = array, fresh
@@ -464,10 +570,93 @@ class Store:
                 OWNERS.add(array, self)
                 if old is not None:
                     self._disown(old)
-            self._serve(key, array)
+                if made in self.evicted:
+                    self.evicted.discard(made)
+                    self.retransfers += 1
+            elif STATE.accounting and (budget is not None or self.memory.streams):
+                self.hits += 1
+            if budget is None and not self.memory.streams and key is not _UNSERVED:
+                self._serve(key, array)
+            # (While no budget is in force, a use served from `served` never comes here: the
+            # recency a budget starts from is the order of first uses.)
+            self.used = next(_CLOCK)
+        return array, lost
+
+    def item(self, sharding: Sharding | None, index: Any) -> jax.Array | None:
+        """`x[index]` of a host-resident constant: inside a trace, sliced in host memory and only
+        the slice moved to the device by the program; eagerly, a basic index's part of the frozen
+        NumPy copy transferred. None for any other use (the caller then indexes
+        `x.__jax_array__()`, the whole constant moved)."""
+        memory = self.memory
+        if not isinstance(memory, Resident) or not memory.streams:
+            return None
+        if not tracing():
+            return None if sharding is not None or self.weak else memory.eager_index(index)
+        array, lost = self._cached(sharding, DEFAULT_DEVICE.value, _UNSERVED)
         if lost:
             self._lost()
-        return array
+        memory = self.memory
+        if isinstance(array, Tracer) or not isinstance(memory, Resident) or not memory.streams:
+            return None
+        try:
+            return memory.index(array, index)
+        except (TypeError, ValueError):
+            # JAX computes a gather (an index array, `vmap`) only on operands in one memory
+            # space: the whole constant is moved to the device, then indexed.
+            return None
+
+    # -- what a device budget asks (`_budget`) -----------------------------------------------
+
+    def incoming(
+        self, sharding: Sharding | None, device: Device | None, dtype: np.dtype[Any]
+    ) -> dict[Device, int]:
+        """The device bytes per device a new buffer for this placement takes."""
+        itemsize = np.dtype(dtype).itemsize
+        if sharding is None:
+            assert device is not None
+            return {device: math.prod(self.shape) * itemsize}
+        if sharding.memory_kind not in (None, "device"):
+            return {}
+        if isinstance(sharding, SingleDeviceSharding):
+            (single,) = sharding.device_set
+            existing = self._made.get((None, single, dtype))
+            if existing is not None and not existing.is_deleted():
+                return {}  # committing the default buffer on that device makes none (`_transfer`)
+        shard = math.prod(sharding.shard_shape(self.shape)) * itemsize
+        return {d: shard for d in sharding.addressable_devices}
+
+    def device_buffers(self, locked: bool = False) -> list[tuple[Any, jax.Array]]:
+        """Each cached buffer in device memory, with its key in `_made` (`locked`: the caller
+        holds this store's lock, as `_fill` does while a budget makes room)."""
+        with _UNLOCKED if locked else self._lock:
+            return [(k, a) for k, a in self._made.items() if not a.is_deleted() and in_device_memory(a)]
+
+    def release(self, made: Any) -> jax.Array | None:
+        """Drop the buffer cached under `made` (a budget's eviction): the array, or None."""
+        with self._lock:
+            array = self._made.pop(made, None)
+            if array is None:
+                return None
+            for key in [k for k, a in self.served.items() if a is array]:
+                del self.served[key]
+            self.hot = self.served.get(None)
+            self._disown(array)
+            return array
+
+    def unserve(self) -> None:
+        """Serve nothing from `served` and `hot` until the next `_fill` with no budget in force:
+        a budget set now sees every use (`_budget.set_device_budget`)."""
+        with self._lock:
+            self.served.clear()
+            self.hot = None
+
+    def readopt(self, made: Any, array: jax.Array) -> None:
+        """Cache `array` under `made` again: a buffer a budget dropped that something else still
+        holds (so it stays on the device), served again rather than transferred twice."""
+        with self._lock:
+            if made not in self._made:
+                self._made[made] = array
+                OWNERS.add(array, self)
 
     def _disown(self, array: jax.Array) -> None:
         """Drop `array`, a buffer no longer served, from `OWNERS` (called under the lock): a
@@ -506,6 +695,11 @@ class Store:
 
     def _transfer(self, sharding: Sharding | None, dtype: np.dtype[Any]) -> jax.Array:
         """A new device buffer (called under the lock)."""
+        if self.memory.streams:
+            resident = self.memory.transfer(sharding, dtype, _default_device(DEFAULT_DEVICE.value))
+            if resident is not None:
+                self.transfers += 1
+                return resident
         if isinstance(sharding, SingleDeviceSharding):
             (device,) = sharding.device_set
             existing = self._made.get((None, device, dtype))
@@ -587,17 +781,26 @@ class Store:
         tells of the loss): True where there was one."""
         with self._lock:
             lost = [key for key, array in self.served.items() if array.is_deleted()]
+            # Under a budget, and for a host-resident constant, nothing is served: its buffers
+            # by their keys in `_made`, `(declared sharding or None, default device, dtype)`.
+            unserved = [made for made, array in self._made.items() if array.is_deleted() and not self.served]
         for key in lost:
             # The keys `array` serves under: `(sharding, setting, x64)`, or the setting alone.
             sharding, setting = (key[0], key[1]) if isinstance(key, tuple) and len(key) == 3 else (None, key)
             self._fill(sharding, setting, key)
-        return bool(lost)
+        for made_sharding, device, _ in unserved:
+            if self._cached(None if device is not None else made_sharding, device, _UNSERVED)[1]:
+                self._lost()
+        return bool(lost or unserved)
 
-    def arrays(self) -> list[jax.Array]:
-        """The live cached device buffers, one per placement, default ones first."""
+    def arrays(self, device: bool | None = None) -> list[jax.Array]:
+        """The live cached buffers, one per placement, default ones first: all of them, or those in
+        device memory (`device=True`) or in host memory (`device=False`, a host-resident constant's)."""
         with self._lock:
             made = sorted(self._made.items(), key=lambda item: item[0][0] is not None)
-        return [a for _, a in made if not a.is_deleted()]
+        return [
+            a for _, a in made if not a.is_deleted() and (device is None or in_device_memory(a) == device)
+        ]
 
     def sharding_of(self, leaf: object) -> Use | None:
         """(self, declared sharding) if `leaf` is one of this store's cached buffers, else None."""
@@ -619,6 +822,8 @@ class Store:
         # shutdown, when module globals may already be gone.
         _state.retired_hits += self.hits
         _state.retired_transfers += self.transfers
+        _state.retired_evictions += self.evictions
+        _state.retired_retransfers += self.retransfers
         if self._made:
             for hook in _state.outlived:
                 hook(list(self._made.values()), self.origin)

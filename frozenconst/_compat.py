@@ -311,6 +311,30 @@ def _offers_pinned_host(device: Any) -> bool:
     return any(m.kind == "pinned_host" for m in memories())
 
 
+# Whether a trace is active: a host-resident constant indexed inside a compiled program
+# (`x[i]`) is sliced in host memory and only the slice moved to the device, where the same
+# indexing done eagerly would run on host memory, which an accelerator's programs may not
+# compute on (XLA offloads only copies and slices there). Private:
+# `jax._src.core.trace_state_clean()`, False while `jit`, `grad`, `vmap`, `scan` trace (jax
+# 0.8.1 to 0.12). Fallback: "not tracing", so indexing moves the whole constant to the
+# device first, then indexes it: the same values, more device memory.
+def _find_trace_state_clean() -> Callable[[], bool] | None:
+    try:
+        from jax._src.core import trace_state_clean
+    except ImportError:  # pragma: no cover - every supported JAX has it
+        return None
+    found: Callable[[], bool] = trace_state_clean
+    return found
+
+
+_TRACE_STATE_CLEAN = _find_trace_state_clean()
+
+
+def tracing() -> bool:
+    """Whether a JAX trace (`jit`, `grad`, `vmap`, a loop body) is active in this thread."""
+    return _TRACE_STATE_CLEAN is not None and not _TRACE_STATE_CLEAN()
+
+
 # A default-device buffer made from a page-locked host buffer must stay
 # uncommitted, as `jnp.asarray(np_array)` is (it follows `jax.default_device` and
 # combines with arrays on any device). `jax.device_put` of a `jax.Array` to a

@@ -24,7 +24,7 @@ from ._derived import COPY, NO_LEAF, CopyMark, Derived, copy_record, new_handle,
 from ._dtypes import check_conversion
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._host import frozen_copy
-from ._host_memory import HostMemory, host_memory_choice
+from ._host_memory import HostMemory, Residency, host_memory_choice, residency_choice
 from ._partial import as_shape, from_callback, from_source, lazily_sliceable, spans_processes
 from ._stats import ConstStats, const_stats
 from ._targets import Target, as_sharding
@@ -84,13 +84,21 @@ class FrozenConst(_StaticBase):
             pageable (on CPU the device buffer aliases the host copy). Default:
             the environment variable `FROZENCONST_HOST_MEMORY`, else `"auto"`.
             See [Host memory](host-memory.md).
+        residency: where the constant lives between uses: `"device"` (one
+            device buffer per placement, transferred once) or `"host"`: in
+            page-locked host memory, never held on a device, each program that
+            uses it moving what it reads onto the device (`x[i]` in a `lax.scan`
+            body moves one slice per step). For constants bigger than the
+            device's memory. Default: a `FrozenConst` source's, else `"device"`.
+            See [Host memory](host-memory.md).
 
     Raises:
         FrozenConstTypeError: `obj` is not numeric data JAX can hold (object,
             string, bytes, structured or datetime dtypes, masked arrays).
         TracedValueError: `obj` is a traced value (inside `jit`, `grad`, ...).
-        FrozenConstValueError: `obj` is a ragged nested sequence, or `host_memory`
-            (or `FROZENCONST_HOST_MEMORY`) is not one of the three choices.
+        FrozenConstValueError: `obj` is a ragged nested sequence, `host_memory`
+            (or `FROZENCONST_HOST_MEMORY`) is not one of the three choices, or
+            `residency` is not `"device"` or `"host"`.
 
     Examples:
         >>> import numpy as np, jax.numpy as jnp
@@ -126,19 +134,27 @@ class FrozenConst(_StaticBase):
         *,
         sharding: Target | None = None,
         host_memory: HostMemory | None = None,
+        residency: Residency | None = None,
     ) -> None:
         declared = None
         choice = host_memory_choice(host_memory)
+        resides = None if residency is None else residency_choice(residency, host_memory)
         if isinstance(obj, FrozenConst):
             # The same store where the dtype is the same (no copy), else a frozen
             # copy, placed in host memory as any new constant is.
             held = obj._held()
+            # Where the source resides, unless asked otherwise (a derived value: on the device).
+            if resides is None:
+                resides = residency_choice(getattr(held, "residency", "device"), host_memory)
             store = held.with_dtype(dtype)
             if store is not held or (dtype is not None and store.weak):
                 # (A dtype asked for makes it strongly typed, as `jnp.asarray(a, dtype)` does.)
-                store = Store(store.host, choice)
-            elif host_memory is not None:
-                store = store.in_host_memory(choice)
+                store = Store(store.host, choice, residency=resides)
+            else:
+                if resides != store.residency:
+                    store = store.in_residency(resides)
+                if host_memory is not None:
+                    store = store.in_host_memory(choice)
         elif (
             sharding is not None
             and lazily_sliceable(obj)
@@ -152,7 +168,7 @@ class FrozenConst(_StaticBase):
             # would wrap on the device under the current x64 setting), copied once.
             # A Python scalar without a dtype is weakly typed, as in `jnp.asarray(0.5)`.
             weak = dtype is None and type(obj) in _WEAK_TYPES
-            store = Store(frozen_copy(obj, dtype), choice, weak=weak)
+            store = Store(frozen_copy(obj, dtype), choice, weak=weak, residency=resides or "device")
         if declared is None:
             declared = store.home if sharding is None else store.declare(sharding)
         self._init(store, declared)
@@ -443,6 +459,19 @@ class FrozenConst(_StaticBase):
         return self._held().constant("host_memory").host_memory
 
     @property
+    def residency(self) -> str:
+        """Where the constant lives between uses: `"device"`, or `"host"` (page-locked host
+        memory, moved onto the device by each use; see [Host memory](host-memory.md)).
+
+        Examples:
+            >>> import numpy as np
+            >>> from frozenconst import FrozenConst
+            >>> FrozenConst(np.ones(4)).residency
+            'device'
+        """
+        return self._held().constant("residency").residency
+
+    @property
     def is_concrete(self) -> bool:
         """Whether this is a constant with host data (False for a traced or transformed value)."""
         # A copy is not, and is asked per call (`frozenconst.jit`'s arguments): no record for it.
@@ -598,7 +627,14 @@ class FrozenConst(_StaticBase):
 
     def __getitem__(self, index: Any) -> jax.Array:
         """`x[index]`, as `jnp.asarray(x)[index]`: the cached device buffer indexed. Inside a
-        compiled program, a part of the constant's parameter: no data, no new device buffer."""
+        compiled program, a part of the constant's parameter: no data, no new device buffer.
+        Of a host-resident constant inside a compiled program, the part sliced in host memory
+        and only that part moved to the device."""
+        store = self._store
+        if isinstance(store, Store) and store.memory.streams:
+            part = store.item(self._declared(), _unwrap(index))
+            if part is not None:
+                return part
         return _getitem(self, index)
 
     def __len__(self) -> int:
@@ -727,8 +763,13 @@ class FrozenConst(_StaticBase):
             return (_placeholder, ())
         host = self._host("pickle.dumps(x)")
         sharding = self._declared()
+        held = self._held()
+        if getattr(held, "residency", "device") == "host":
+            # Host-resident again: a constant bigger than the device stays loadable.
+            state = None if sharding is None else _sharding_state(sharding)
+            return (_unpickle_resident, (host, state))
         if sharding is None:
-            if getattr(self._held(), "weak", False):
+            if getattr(held, "weak", False):
                 return (_unpickle_weak, (host,))  # weakly typed again (`FrozenConst(0.5)`)
             return (_unpickle, (host,))
         return (_unpickle_placed, (host, _sharding_state(sharding)))
@@ -844,6 +885,14 @@ def _unpickle_weak(host: np.ndarray[Any, Any]) -> FrozenConst:
     """Unpickle a constant made from a Python scalar: its host data as it was held, weakly typed."""
     store = Store(frozen_copy(host, host.dtype), host_memory_choice(None), weak=True)
     return with_live_twin(FrozenConst._of(store))  # pyright: ignore[reportPrivateUsage] - its own class's constructor
+
+
+def _unpickle_resident(host: np.ndarray[Any, Any], state: tuple[Any, ...] | None) -> FrozenConst:
+    """Unpickle a host-resident constant (its placement, where there was one)."""
+    made = _unpickle(host) if state is None else _unpickle_placed(host, state)
+    resident = FrozenConst(made, residency="host")
+    declared = made._declared()  # pyright: ignore[reportPrivateUsage] - its own class's
+    return resident if declared is None else resident.placed(declared)
 
 
 def _unpickle_placed(host: np.ndarray[Any, Any], state: tuple[Any, ...]) -> FrozenConst:

@@ -16,8 +16,14 @@ fingerprint read. A kind decides what else the host holds for transfers to the d
   cannot read JAX's page-locked buffer in place on a TPU (JAX lays it out for the
   device), so it is a second host copy, never a view handed to NumPy.
 
-The next kind (a host-resident constant streamed into programs, say) is one more class
-with `transfer`, `made` and `nbytes`.
+- `Resident` (`FrozenConst(a, residency="host")`): the constant's buffer itself lives in
+  page-locked host memory, and no device buffer is kept. Each use gets it moved to the
+  device for that use: inside a compiled program by the program itself (JAX's
+  host-offloading idiom: the page-locked buffer is a parameter, `jax.device_put(..., device
+  memory)` in the program), so `x[i]` in a `lax.scan` body moves one slice per step; eagerly,
+  a device copy freed with its result.
+
+Every kind has `transfer`, `made`, `nbytes` and `streams` (whether uses are moved in).
 """
 
 from __future__ import annotations
@@ -30,10 +36,15 @@ import jax
 import numpy as np
 from jax.sharding import Sharding, SingleDeviceSharding
 
-from ._compat import Device, offers_pinned_host, uncommitted, warn_degraded
+from ._compat import Device, Tracer, offers_pinned_host, uncommitted, warn_degraded
 from ._errors import FrozenConstTypeError, FrozenConstValueError
 
 HostMemory: TypeAlias = Literal["auto", "pinned", "pageable"]
+Residency: TypeAlias = Literal["device", "host"]
+RESIDENCY_CHOICES: tuple[Residency, ...] = ("device", "host")
+# Where a use of a host-resident constant is moved: device memory, on whichever device the
+# program or the operation runs (public `jax.memory.Space`, jax 0.8.1 to 0.12).
+DEVICE_MEMORY: Any = jax.memory.Space.Device
 HOST_MEMORY_CHOICES: tuple[HostMemory, ...] = ("auto", "pinned", "pageable")
 # The default for `host_memory=` when a call gives none.
 HOST_MEMORY_VARIABLE = "FROZENCONST_HOST_MEMORY"
@@ -77,12 +88,45 @@ def host_memory_choice(value: object) -> HostMemory:
     )
 
 
+def residency_choice(value: object, host_memory: object = None) -> Residency:
+    """`residency=` checked, with the `host_memory=` argument it goes with (None: not given).
+
+    Examples:
+        >>> residency_choice("host")
+        'host'
+        >>> residency_choice("cpu")
+        Traceback (most recent call last):
+        ...
+        frozenconst.FrozenConstValueError: FrozenConst needs `residency` to be 'device' or 'host', ...
+    """
+    if not isinstance(value, str):
+        raise FrozenConstTypeError(
+            "FrozenConst needs `residency` to be 'device' or 'host' (a string), but received a "
+            f"`{type(value).__name__}`."
+        )
+    for choice in RESIDENCY_CHOICES:
+        if value == choice:
+            if choice == "host" and host_memory == "pageable":
+                raise FrozenConstValueError(
+                    "FrozenConst cannot keep a constant in pageable host memory and stream it into "
+                    "programs: `residency='host'` keeps it page-locked. Leave `host_memory` out (or "
+                    "give 'pinned'), or keep `residency='device'`."
+                )
+            return choice
+    raise FrozenConstValueError(
+        f"FrozenConst needs `residency` to be 'device' or 'host', but received {value[:40]!r}. 'device' "
+        "keeps a device buffer between uses; 'host' keeps the constant in page-locked host memory and "
+        "moves what each program reads to the device (docs/host-memory.md)."
+    )
+
+
 class Pageable:
     """Transfers read the frozen NumPy copy: nothing else is held."""
 
     __slots__ = ()
     name = "pageable"
     nbytes = 0
+    streams = False
 
     def transfer(self, sharding: Sharding | None, dtype: np.dtype[Any], default: Device) -> jax.Array | None:
         """A device buffer made from this kind's own copy, or None: the NumPy copy serves."""
@@ -100,6 +144,7 @@ class Pinned:
     read by every later transfer to that device (see the module docstring)."""
 
     __slots__ = ("_lock", "copy", "offered")
+    streams = False
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -191,9 +236,104 @@ def page_lock(array: jax.Array, device: Device) -> jax.Array:
     return copied
 
 
-HostCopy: TypeAlias = Pageable | Pinned
+class Resident:
+    """The constant's buffers themselves in page-locked host memory, moved to the device by
+    each use (see the module docstring); `streams` turns False, and the constant is an ordinary
+    device-resident one, where the device offers no page-locked memory or JAX refuses it."""
+
+    __slots__ = ("host", "streams")
+    name = "pinned"
+    # Its page-locked buffers are the store's cached arrays, counted there (`Store.host_nbytes`).
+    nbytes = 0
+
+    def __init__(self, host: np.ndarray[Any, Any]) -> None:
+        self.host = host
+        self.streams = True
+
+    def made(self, array: jax.Array) -> None:
+        """Nothing to do: a device buffer is made only after a fallback."""
+
+    def transfer(self, sharding: Sharding | None, dtype: np.dtype[Any], default: Device) -> jax.Array | None:
+        """The constant in page-locked memory with `sharding`'s devices (None: the default
+        device `default`), or None after a fallback to device residency (said once)."""
+        if not self.streams:
+            return None
+        if sharding is None:
+            pinned: Sharding = SingleDeviceSharding(default, memory_kind="pinned_host")
+        else:
+            pinned = sharding.with_memory_kind("pinned_host")
+        refused = next((d for d in pinned.device_set if not offers_pinned_host(d)), None)
+        if refused is not None:
+            self._fallback(
+                f"{refused.platform} devices offer no page-locked (`pinned_host`) memory on jax "
+                f"{jax.__version__}"
+            )
+            return None
+        try:
+            placed = place(self.host if self.host.dtype == dtype else self.host.astype(dtype), pinned)
+        except Exception as err:  # XLA's refusals (an allocation, a dtype) are errors of its own
+            self._fallback(f"JAX refused the placement ({type(err).__name__}: {str(err)[:160]})")
+            return None
+        return placed
+
+    def _fallback(self, why: str) -> None:
+        self.streams = False
+        warn_degraded(
+            f"`residency='host'` was asked for, but {why}: such constants are kept on the device "
+            "instead, as `residency='device'` keeps them (docs/host-memory.md)."
+        )
+
+    @staticmethod
+    def stream(array: jax.Array, committed: bool) -> jax.Array:
+        """What a use gets: `array` (page-locked) moved to device memory. Inside a trace, a
+        transfer in the program; eagerly a device copy, uncommitted unless `committed` (a
+        declared placement's), as a device-resident constant's default buffer is."""
+        moved: jax.Array = jax.device_put(array, DEVICE_MEMORY)
+        if committed or isinstance(moved, Tracer):
+            return moved
+        free: jax.Array | None = uncommitted(moved)
+        return moved if free is None else free
+
+    def eager_index(self, index: Any) -> jax.Array | None:
+        """`x[index]` outside a trace, for a basic index (ints, slices, `None`, `...`): that part
+        of the frozen NumPy copy, transferred (NumPy and JAX agree on what a basic index
+        selects). None for any other index, or data JAX holds in another dtype."""
+        parts = index if isinstance(index, tuple) else (index,)
+        basic = all(
+            p is None
+            or p is Ellipsis
+            or isinstance(p, slice)
+            or (isinstance(p, int | np.integer) and not isinstance(p, bool))
+            for p in parts
+        )
+        if not basic or jax.dtypes.canonicalize_dtype(self.host.dtype) != self.host.dtype:
+            return None
+        part: jax.Array = jax.device_put(self.host[index])
+        return part
+
+    @staticmethod
+    def index(array: jax.Array, index: Any) -> jax.Array:
+        """`array[index]`, sliced in host memory, moved to device memory: inside a trace, by the
+        program (`Store.item`)."""
+        moved: jax.Array = jax.device_put(array[index], DEVICE_MEMORY)
+        return moved
 
 
-def host_copy(choice: HostMemory) -> HostCopy:
-    """The kind a constant built with `host_memory=choice` keeps: `auto` is pageable."""
+def place(host: np.ndarray[Any, Any], sharding: Sharding) -> jax.Array:
+    """`host` placed with `sharding` (page-locked: a host-resident constant's buffer)."""
+    placed: jax.Array = jax.device_put(host, sharding)
+    return placed
+
+
+HostCopy: TypeAlias = Pageable | Pinned | Resident
+
+
+def host_copy(
+    choice: HostMemory, residency: Residency = "device", host: np.ndarray[Any, Any] | None = None
+) -> HostCopy:
+    """The kind a constant built with `host_memory=choice` and `residency` keeps: `auto` is
+    pageable; `residency="host"` (which needs `host`, the frozen NumPy copy) is `Resident`."""
+    if residency == "host":
+        assert host is not None
+        return Resident(host)
     return Pinned() if choice == "pinned" else PAGEABLE

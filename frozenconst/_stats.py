@@ -20,15 +20,21 @@ class ConstStats:
     Attributes:
         host_bytes: bytes of host memory held for the constant: its frozen NumPy
             buffer (of a constant bigger than one host: the slices this process
-            holds) and, with `host_memory="pinned"`, its page-locked copy once made.
+            holds) and, with `host_memory="pinned"` or `residency="host"`, its
+            page-locked buffers once made.
         host_memory: what transfers read: `"pinned"` (a page-locked copy) or `"pageable"`.
+        residency: where it lives between uses: `"device"`, or `"host"` (page-locked,
+            moved onto the device by each use).
         device_bytes: bytes of cached device buffers, per device (device memory:
-            the page-locked copy is host memory, counted in `host_bytes`).
+            page-locked buffers are host memory, counted in `host_bytes`).
         transfers: host-to-device transfers made so far: one per device buffer
             filled from the host data (a placement on N devices counts N,
-            replicated or sharded).
+            replicated or sharded); for a host-resident constant, one per
+            page-locked buffer made (what each use moves in is not counted).
         hits: requests for a device buffer served from the cache. JAX may ask
             more than once per operation (`jnp.asarray` asks twice on jax 0.10).
+        evictions: device buffers a device budget evicted to make room for others.
+        retransfers: transfers of a placement that a device budget had evicted.
         placements: how many placements are cached.
         zero_copy: whether the default-device buffer aliases the frozen host
             buffer (on JAX's CPU backend), `False` if it is a copy, `None` if
@@ -44,6 +50,9 @@ class ConstStats:
     hits: int
     placements: int
     zero_copy: bool | None
+    residency: str = "device"
+    evictions: int = 0
+    retransfers: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (devices as strings)."""
@@ -59,12 +68,16 @@ class Stats:
         host_bytes: bytes of host memory held for them in this process: frozen
             buffers (a constant bigger than one host counts the slices this process
             holds) and page-locked copies.
-        pinned_bytes: of those, bytes of page-locked copies (`host_memory="pinned"`).
+        pinned_bytes: of those, bytes of page-locked memory: copies (`host_memory="pinned"`)
+            and host-resident constants' buffers (`residency="host"`).
         device_bytes: bytes of their cached device buffers, per device.
         aliased_bytes: of those, bytes that alias the host buffers (CPU zero-copy).
         transfers: host-to-device transfers made, by these and by constants
             already garbage-collected.
         hits: uses served from a cache, likewise.
+        evictions: device buffers a device budget evicted, likewise
+            (`frozenconst.set_device_budget`).
+        retransfers: transfers of placements a device budget had evicted, likewise.
     """
 
     live_constants: int
@@ -74,6 +87,8 @@ class Stats:
     aliased_bytes: int
     transfers: int
     hits: int
+    evictions: int = 0
+    retransfers: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (devices as strings)."""
@@ -136,7 +151,7 @@ def _aliasing(store: Store, arrays: list[jax.Array], buffers: dict[_Buffer, int]
 
 def const_stats(store: Store) -> ConstStats:
     """The accounting of one constant (`x.stats()`)."""
-    arrays = store.arrays()
+    arrays = store.arrays(device=True)
     buffers = _buffers(arrays)
     return ConstStats(
         host_bytes=store.host_nbytes,
@@ -144,8 +159,11 @@ def const_stats(store: Store) -> ConstStats:
         device_bytes=types.MappingProxyType(_per_device(buffers)),
         transfers=store.transfers,
         hits=store.hits,
-        placements=len(arrays),
+        placements=len(store.arrays()),
         zero_copy=_aliasing(store, arrays, buffers)[0],
+        residency=store.residency,
+        evictions=store.evictions,
+        retransfers=store.retransfers,
     )
 
 
@@ -168,7 +186,7 @@ def stats() -> Stats:
     buffers: dict[_Buffer, int] = {}
     aliased = 0
     for store in stores:
-        arrays = store.arrays()
+        arrays = store.arrays(device=True)
         own = _buffers(arrays)
         for key, nbytes in own.items():
             buffers[key] = max(buffers.get(key, 0), nbytes)
@@ -176,9 +194,11 @@ def stats() -> Stats:
     return Stats(
         live_constants=len(stores),
         host_bytes=sum(s.host_nbytes for s in stores),
-        pinned_bytes=sum(s.memory.nbytes for s in stores),
+        pinned_bytes=sum(s.memory.nbytes + sum(a.nbytes for a in s.arrays(device=False)) for s in stores),
         device_bytes=types.MappingProxyType(_per_device(buffers)),
         aliased_bytes=aliased,
         transfers=STATE.retired_transfers + sum(s.transfers for s in stores),
         hits=STATE.retired_hits + sum(s.hits for s in stores),
+        evictions=STATE.retired_evictions + sum(s.evictions for s in stores),
+        retransfers=STATE.retired_retransfers + sum(s.retransfers for s in stores),
     )

@@ -550,6 +550,7 @@ _COPY_ANSWERS = {
     "placements": ("tuple", []),
     "evict": None,
     "host_memory": ("raises", frozenconst.FrozenConstTypeError),
+    "residency": ("raises", frozenconst.FrozenConstTypeError),
     "stats": ("raises", frozenconst.FrozenConstTypeError),
     "on": ("raises", TypeError),
     "placed": ("raises", TypeError),

@@ -17,7 +17,7 @@ LAYERS = [
     ["_convert"],
     ["_host", "_host_memory", "_targets", "_frames", "_jaxprs"],
     ["_cache", "_refusals"],
-    ["_partial", "_derived", "_stats", "_hoist"],
+    ["_partial", "_derived", "_stats", "_budget", "_hoist"],
     ["_frozen"],
     ["_jit"],
     ["_audit", "_checkpoints", "_filter_jit", "_flax", "_intern", "_training", "nnx", "strategies"],
@@ -33,7 +33,7 @@ LAYERS = [
 CORE = [
     "_errors", "_fingerprint", "_compat", "_refusals", "_dtypes", "_convert", "_host", "_host_memory",
     "_targets",
-    "_frames", "_jaxprs", "_cache", "_partial", "_derived", "_stats", "_frozen",
+    "_frames", "_jaxprs", "_cache", "_partial", "_derived", "_stats", "_budget", "_frozen",
 ]  # fmt: skip
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
