@@ -504,6 +504,80 @@ def fingerprints(mib: int, rounds: int = 5) -> list[dict[str, Any]]:
     ]
 
 
+def live_twins(rounds: int, counts: tuple[int, ...] = (0, 1_000, 10_000), n: int = 200) -> dict[str, Any]:
+    """`intern` and `pickle.loads` per call with N other constants alive, against none alive.
+
+    Each looks for a live constant of the same content (a twin), among constants of the same
+    shape and dtype as its own, the case a scan paid most for. Every call is of new content
+    (no twin: a new constant, made, looked up, dropped). The N constants are made first and
+    looked up once, untimed but reported ("first lookup": where they are digested, once);
+    then `rounds` rounds each time a block of `n` calls of every operation, in an order that
+    rotates from round to round, with garbage collection off (its full passes cost in
+    proportion to every object alive, frozenconst's or not); medians. The figures with none
+    alive are measured before the first N and again after the last N are dropped, and the
+    baseline is their mean: the ratio of the two says how far the machine drifted meanwhile.
+    """
+    import itertools
+    import pickle
+
+    import frozenconst
+    from frozenconst import FrozenConst
+
+    fresh = itertools.count()
+
+    def data() -> Any:
+        return np.full(16, next(fresh), np.float32)
+
+    blobs = itertools.cycle([pickle.dumps(FrozenConst(data())) for _ in range(8)])
+    operations: dict[str, Callable[[], Any]] = {
+        "FrozenConst(a)": lambda: FrozenConst(data()),
+        "intern(a)": lambda: frozenconst.intern(data()),
+        "pickle.loads": lambda: pickle.loads(next(blobs)),
+    }
+
+    def measure() -> dict[str, float]:
+        samples: dict[str, list[float]] = {name: [] for name in operations}
+        names = list(operations)
+        gc.collect()
+        gc.disable()
+        try:
+            for r in range(rounds):
+                for i in range(len(names)):
+                    name = names[(r + i) % len(names)]
+                    fn = operations[name]
+                    start = time.perf_counter()
+                    for _ in range(n):
+                        fn()
+                    samples[name].append((time.perf_counter() - start) / n)
+        finally:
+            gc.enable()
+        return {name: statistics.median(t) * 1e6 for name, t in samples.items()}
+
+    measure()  # warm: first calls, the blobs' constants digested
+    rows: list[dict[str, Any]] = []
+    before = measure()
+    for count in counts:
+        if not count:
+            continue
+        alive = [FrozenConst(data()) for _ in range(count)]
+        start = time.perf_counter()
+        frozenconst.intern(data())  # the first lookup of their shape and dtype digests them
+        first = time.perf_counter() - start
+        rows.append({"alive": count, "first_lookup_ms": first * 1e3, **measure()})
+        del alive
+    after = measure()
+    none = {name: (before[name] + after[name]) / 2 for name in operations}
+    for row in rows:
+        row["ratios"] = {name: row[name] / none[name] for name in operations}
+    return {
+        "rounds": rounds,
+        "calls": n,
+        "none_alive": none,
+        "drift": {name: after[name] / before[name] for name in operations},
+        "rows": rows,
+    }
+
+
 def jit_overhead(rounds: int) -> dict[str, float]:
     import jax
     import jax.numpy as jnp
@@ -563,6 +637,7 @@ def run(quick: bool) -> dict[str, Any]:
         "accounting": accounting(rounds),
         "jit_overhead": jit_overhead(rounds),
         "jit_static_configurations": jit_static_configurations(rounds),
+        "live_twins": live_twins(11 if quick else 31),
         "scaling": scaling(),
         "fingerprint": fingerprints(64 if quick else 256),
     }
