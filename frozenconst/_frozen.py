@@ -34,6 +34,8 @@ _RECORD_LOCK = threading.Lock()
 # `jax.Array` methods that free or invalidate the cached buffer. Everything else
 # on `jax.Array` is offered on `FrozenConst` too, computed on the cached buffer.
 _REFUSED = frozenset({"delete"})
+# What a derived value may hold that is unhashable as a leaf: an array or a traced value.
+_UNHASHABLE_LEAVES = (jax.Array, np.ndarray, Tracer)
 # DLPack's device type of host memory (`kDLCPU`), as `jax.dlpack` and NumPy number it.
 _DL_CPU = 1
 # The Python scalar types JAX types weakly (`jnp.asarray(0.5)`, `jnp.asarray(3)`, not
@@ -676,7 +678,31 @@ class FrozenConst(_StaticBase):
             "Use `x.at[index].set(value)`, which returns a new `jax.Array`."
         )
 
-    __hash__: ClassVar[None] = None  # type: ignore[assignment]
+    def __hash__(self) -> int:
+        """A constant is unhashable, as a `jax.Array` is; a value derived from one hashes as its leaf.
+
+        `jax.tree.map(f, tree)` over a tree holding a constant puts `f`'s result, the leaf, in
+        the constant's place, inside a FrozenConst (a derived value). Where that leaf is
+        hashable (an `id`, a shape, bytes, a `jax.ShapeDtypeStruct`), the derived value is a
+        stand-in for it: equal to what its leaf equals (`==` is the leaf's, as every operator
+        is) and hashed as the leaf, so a tree mapped to a cache key (numpyro's `MCMC` keys its
+        compiled sampler that way) is a key, as it is with a `jax.Array` in the constant's
+        place. Around an array or a traced value it is unhashable, as they are.
+
+        Examples:
+            >>> import jax, numpy as np
+            >>> from frozenconst import FrozenConst
+            >>> table = FrozenConst(np.arange(3.0))
+            >>> key = jax.tree.map(lambda a: a.shape, (table,))
+            >>> {key: "compiled"}[jax.tree.map(lambda a: a.shape, (table,))]
+            'compiled'
+        """
+        if self._sharding is None:
+            held = self._store
+            leaf = held.leaf
+            if not held.concrete and not isinstance(leaf, _UNHASHABLE_LEAVES):
+                return hash(leaf)
+        raise TypeError("unhashable type: 'FrozenConst'")
 
     def __copy__(self) -> FrozenConst:
         return self

@@ -364,6 +364,39 @@ def test_a_numpyro_sampler_carrying_model_arguments_names_the_users_line_and_num
     assert run(True, obs, fun=lambda obs: model(table, obs)) == []
 
 
+def test_numpyro_reruns_of_one_mcmc_compile_nothing_with_the_data_a_frozenconst():
+    # NumPyro keys its compiled sampler on `jax.tree.map` of the model's arguments: a rerun of
+    # the same `MCMC` object finds it, with jax.Arrays as data (the oracle) as with FrozenConsts.
+    # The programs are counted where JAX lowers them (`lowered_programs`), the default
+    # progress bar on, as numpyro's docs write it.
+    numpyro = pytest.importorskip("numpyro")
+    import numpyro.distributions as dist
+    from numpyro.infer import MCMC, NUTS
+
+    X, y = _regression(3)
+
+    def model(x, y=None):
+        w = numpyro.sample("w", dist.Normal(jnp.zeros(32), 1.0))
+        numpyro.sample("y", dist.Normal(x @ w, 0.1), obs=y)
+
+    def lowered_per_run(x, y):
+        mcmc = MCMC(NUTS(model), num_warmup=10, num_samples=10)
+        counts, samples = [], []
+        for run in range(2):
+            with lowered_programs() as texts:
+                mcmc.run(jax.random.key(run), x, y=y)
+            counts.append(len(texts))
+            samples.append(np.asarray(mcmc.get_samples()["w"]))
+        return counts, samples
+
+    arrays, expected = lowered_per_run(jnp.asarray(X[:300]), jnp.asarray(y[:300]))
+    ours, got = lowered_per_run(FrozenConst(X[:300]), FrozenConst(y[:300]))
+    assert arrays[0] > 0 and arrays[1] == 0  # numpyro's own cache, with jax.Arrays
+    assert ours[0] > 0 and ours[1] == 0, ours
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
 def test_an_optimistix_solver_compiles_its_loss_without_the_data():
     optx = pytest.importorskip("optimistix")
     X, y = _regression(1)
