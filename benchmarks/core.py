@@ -694,6 +694,34 @@ def _ab_table(title: str, header: tuple[str, str, str], rows: list[dict[str, Any
     return lines
 
 
+def _live_twins_table(twins: dict[str, Any] | None) -> list[str]:
+    """The table of `live_twins`: per call with N constants alive, and the ratio to none alive."""
+    if not twins:
+        return []
+    names = list(twins["none_alive"])
+    none = ", ".join(f"{name} {twins['none_alive'][name]:.1f} us" for name in names)
+    drift = ", ".join(f"{twins['drift'][name]:.2f}" for name in names)
+    lines = [
+        "",
+        "### Finding a live twin: `intern` and `pickle.loads` against the constants alive",
+        "",
+        "`intern` and `pickle.loads` look for a live constant of the same content; each call here "
+        "is of new content, of the shape and dtype of every constant alive (16 float32). "
+        f"{twins['rounds']} rounds each time a block of {twins['calls']} calls of every "
+        "operation, in an order rotating from round to round, garbage collection off; medians. "
+        f"With none alive (the mean of before and after, whose ratio after/before is {drift}): "
+        f"{none}. The first lookup after the N constants are made digests them, once "
+        "(target for the rest: within 1.2x of none alive).",
+        "",
+        "| constants alive | first lookup ms | " + " | ".join(f"{n} us (ratio)" for n in names) + " |",
+        "|---:|---:|" + "---:|" * len(names),
+    ]
+    for row in twins["rows"]:
+        cells = " | ".join(f"{row[n]:.1f} ({row['ratios'][n]:.2f})" for n in names)
+        lines.append(f"| {row['alive']:,} | {row['first_lookup_ms']:.1f} | {cells} |")
+    return lines
+
+
 def markdown(results: dict[str, Any], env: dict[str, str], command: str) -> str:
     rounds = results.get("rounds", 31)
     lines = [f"Produced by `{command}` on:", ""] + [f"- {k}: {v}" for k, v in env.items()] + [""]
@@ -821,6 +849,9 @@ def markdown(results: dict[str, Any], env: dict[str, str], command: str) -> str:
         f"`jax.jit` with NumPy constants, {floor['a_us']:.2f} against {floor['b_us']:.2f} us "
         f"({floor['ratio']:.3f}x). Each call is fed only its own configuration's constants. "
         + _INTERLEAVED.format(rounds=rounds),
+    ]
+    lines += _live_twins_table(results.get("live_twins"))
+    lines += [
         "",
         "### Scaling",
         "",

@@ -51,6 +51,7 @@ from ._compat import (
     numpy_of,
     rewire_hoisted,
 )
+from ._derived import COPY_REFS, Derived, buffer_owner
 from ._errors import FrozenConstRuntimeError, FrozenConstWarning
 from ._frames import user_stacklevel
 from ._host import human_bytes
@@ -108,9 +109,10 @@ class _Holders:
         self.lock = threading.Lock()
         self.stores: weakref.WeakSet[Store] = weakref.WeakSet()
 
-    def add(self, stores: list[Store]) -> None:
+    def add(self, held: list[Store | Derived]) -> None:
+        # (A known copy's buffer is no constant's: nothing frozenconst drops or loses.)
         with self.lock:
-            self.stores.update(stores)
+            self.stores.update(store for store in held if isinstance(store, Store))
 
     def release(self, store: Store) -> bool:
         """Whether a program may hold `store`'s buffer; then every program is dropped."""
@@ -152,7 +154,7 @@ def lower(original: Callable[..., Any], closed: Any, *args: Any, **kwargs: Any) 
         options = _options()
         if options.fun is not None and not options.named and not SIMPLIFIED_CONSTANTS:
             _name_embedded(closed, options)
-        if not OWNER_REFS:
+        if not OWNER_REFS and not COPY_REFS:
             return original(closed, *args, **kwargs)
         found = _owned(closed)
         if HOISTING.donates(args, kwargs):
@@ -165,26 +167,26 @@ def lower(original: Callable[..., Any], closed: Any, *args: Any, **kwargs: Any) 
 
 
 class _Use:
-    """A FrozenConst buffer a program uses: its store, and the first line of user code using it."""
+    """A FrozenConst buffer a program uses: its store (a known copy's record), and the first line
+    of user code using it."""
 
     __slots__ = ("line", "store", "value")
 
-    def __init__(self, value: Any, store: Store, line: str | None) -> None:
+    def __init__(self, value: Any, store: Store | Derived, line: str | None) -> None:
         self.value, self.store, self.line = value, store, line
 
 
 def _owned(closed: Any, literals: bool = SIMPLIFIED_CONSTANTS) -> dict[int, _Use]:
-    """Each FrozenConst buffer `closed` uses, at every level, with its first recorded line."""
+    """Each FrozenConst buffer `closed` uses (a constant's, or a known copy's: `buffer_owner`), at
+    every level, with its first recorded line."""
     found: dict[int, _Use] = {}
     try:
         for value, eqn in walk(closed, literals=literals):
             key = id(value)
             use = found.get(key)
             if use is None:
-                ref = OWNER_REFS.get(key)
-                store = None if ref is None else ref()
-                # `sharding_of` confirms the very object (an id can be reused after an array dies).
-                if store is None or not store.sharding_of(value):
+                store = buffer_owner(value)
+                if store is None:
                     continue
                 found[key] = _Use(value, store, where(eqn))
             elif use.line is None:
@@ -353,12 +355,7 @@ def _undonated(args: Any, kwargs: Any) -> tuple[Any, Any]:
     every call and transferred again at every next use. Where the call is not
     found (an ahead-of-time `.lower()`), the donation stands, and the deleted buffer is met at
     the constant's next use (`Store._lost`)."""
-    kept = set()
-    for index, value in donated_arguments():
-        ref = OWNER_REFS.get(id(value))
-        store = None if ref is None else ref()
-        if store is not None and store.sharding_of(value):
-            kept.add(index)
+    kept = {index for index, value in donated_arguments() if buffer_owner(value) is not None}
     if not kept:
         return args, kwargs
     hooks = HOISTING
@@ -373,7 +370,7 @@ def _name_embedded(closed: Any, options: Options) -> None:
     seen: set[int] = set()
     try:
         for value, _ in walk(closed, literals=False):
-            if id(value) in seen or OWNER_REFS.get(id(value)) is not None:
+            if id(value) in seen or buffer_owner(value) is not None:
                 continue
             seen.add(id(value))
             array: Any = numpy_of(value)
@@ -445,11 +442,12 @@ def const_args(jaxpr: Any) -> list[tuple[Any, Any]]:
     if SIMPLIFIED_CONSTANTS:
         exporting = _lowering.exporting is not None
         for value, aval in hooks.const_args(jaxpr):
-            if OWNER_REFS.get(id(value)) is None:
-                if not exporting:  # (an exported program embeds every other array, as jax.export)
-                    found[("jax", len(found))] = (value, aval)  # JAX's own, as JAX hoists it
-            elif keep_out.get(id(value)) is value:
+            if keep_out.get(id(value)) is value:  # a constant's (or a known copy's) buffer kept out
                 found.setdefault((id(value), aval), (value, aval))
+            elif OWNER_REFS.get(id(value)) is None and not exporting:
+                # JAX's own, as JAX hoists it (an exported program embeds every other array, as
+                # jax.export does)
+                found[("jax", len(found))] = (value, aval)
             # else a FrozenConst that must not be held (donated): embedded
     else:
         for value, aval in _literals(jaxpr, keep_out):
@@ -531,17 +529,17 @@ class _Told:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.said: weakref.WeakKeyDictionary[Store, set[str]] = weakref.WeakKeyDictionary()
+        self.said: weakref.WeakKeyDictionary[Store | Derived, set[str]] = weakref.WeakKeyDictionary()
         self.filters: tuple[int, int] = (id(warnings.filters), len(warnings.filters))
 
-    def new(self, store: Store, key: str) -> bool:
+    def new(self, store: Store | Derived, key: str) -> bool:
         with self.lock:
             filters = (id(warnings.filters), len(warnings.filters))
             if filters != self.filters:
                 self.said, self.filters = weakref.WeakKeyDictionary(), filters
             return key not in self.said.get(store, ())
 
-    def record(self, store: Store, key: str) -> None:
+    def record(self, store: Store | Derived, key: str) -> None:
         with self.lock:
             self.said.setdefault(store, set()).add(key)
 
@@ -569,8 +567,9 @@ def observe_unhoisted(program: Any, embeds_literals: bool) -> None:
 
 
 def _warn(uses: list[_Use], why: str, reason: str = "") -> None:
-    """Warn once per constant, case (`why`) and line that these constants are embedded, and why."""
-    big = [u for u in uses if _nbytes(u.value) > EMBED_MAX_BYTES]
+    """Warn once per constant, case (`why`) and line that these constants are embedded, and why.
+    (Of a known copy, the step that made it has told.)"""
+    big = [u for u in uses if u.store.concrete and _nbytes(u.value) > EMBED_MAX_BYTES]
     if not big:
         return
     keys = [f"{why}|{u.line}" for u in big]

@@ -21,7 +21,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import SIMPLIFIED, live_copies, program_parameters, raw_numpy_lowers, run_bounded, subprocess_env
+from helpers import (
+    SIMPLIFIED,
+    jax_donates_closed_over_buffers,
+    live_copies,
+    program_parameters,
+    raw_numpy_lowers,
+    run_bounded,
+    subprocess_env,
+)
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -292,6 +300,147 @@ def test_linen_apply_under_jax_jit_keeps_a_closed_over_table_out():
 
 
 # -- libraries that compile internally, run as their docs write them ------------------------------
+
+
+# -- copies frozenconst knows: a training step's copy of a constant is kept out as the constant is --
+#
+# A step that hands back its state (NNX's `nnx.jit` with the constant in `nnx.data`, equinox's
+# `filter_jit` returning the model, a jitted optax step returning the params) puts a copy of the
+# constant in the state, and warns there. A program that reads the copy afterwards (an
+# evaluation closing over the model) takes the copy's buffer as a parameter, as it takes a
+# constant's: its program is the program of the table passed as an argument, its values that
+# program's, bit for bit.
+
+
+def _nnx_trained(data, x):
+    nnx = pytest.importorskip("flax.nnx", reason="flax NNX needs jax >= 0.10")
+    optax = pytest.importorskip("optax")
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(data.shape[1], 2, rngs=rngs)
+            self.table = nnx.data(FrozenConst(data))
+
+        def __call__(self, v):
+            return self.lin(v @ self.table)
+
+    net = Net(nnx.Rngs(0))
+    opt = nnx.Optimizer(net, optax.adam(1e-2), wrt=nnx.Param)
+
+    @nnx.jit
+    def step(net, opt, v):
+        loss, grads = nnx.value_and_grad(lambda n: jnp.sum(n(v) ** 2))(net)
+        opt.update(net, grads)
+        return loss
+
+    for _ in range(3):
+        step(net, opt, x)
+    return net.table, lambda v: net(v), lambda t, v: net.lin(v @ t)
+
+
+def _equinox_trained(data, x):
+    eqx = pytest.importorskip("equinox")
+    optax = pytest.importorskip("optax")
+
+    class Model(eqx.Module):
+        table: FrozenConst
+        lin: eqx.nn.Linear
+
+        def __call__(self, v):
+            return jax.vmap(self.lin)(v @ self.table)
+
+    model = Model(FrozenConst(data), eqx.nn.Linear(data.shape[1], 2, key=jax.random.key(0)))
+    opt = optax.adam(1e-2)
+    state = opt.init(eqx.filter(model, eqx.is_array))
+
+    @eqx.filter_jit
+    def step(model, state, v):
+        grads = eqx.filter_grad(lambda m: jnp.sum(m(v) ** 2))(model)
+        updates, state = opt.update(grads, state, eqx.filter(model, eqx.is_array))
+        return eqx.apply_updates(model, updates), state
+
+    for _ in range(3):
+        model, state = step(model, state, x)
+    return model.table, lambda v: model(v), lambda t, v: jax.vmap(model.lin)(v @ t)
+
+
+def _optax_trained(data, x):
+    optax = pytest.importorskip("optax")
+    params = {"table": FrozenConst(data), "w": jnp.ones((data.shape[1], 2))}
+    opt = optax.adamw(1e-2, weight_decay=0.1)
+    state = opt.init(params)
+
+    def forward(p, v):
+        return (v @ p["table"]) @ p["w"]
+
+    @jax.jit
+    def step(p, state, v):
+        grads = jax.grad(lambda p: jnp.sum(forward(p, v) ** 2))(p)
+        updates, state = opt.update(grads, state, p)
+        return optax.apply_updates(p, updates), state
+
+    for _ in range(3):
+        params, state = step(params, state, x)
+    return params["table"], lambda v: forward(params, v), lambda t, v: (v @ t) @ params["w"]
+
+
+_TRAINED = {"nnx": _nnx_trained, "equinox": _equinox_trained, "optax": _optax_trained}
+
+
+@pytest.mark.parametrize("idiom", list(_TRAINED))
+def test_a_copy_a_training_step_made_is_a_parameter_of_every_jit_reading_it(idiom):
+    data = np.random.default_rng(20).standard_normal((256, 64)).astype(np.float32)  # 64 KiB
+    x = jnp.ones((2, data.shape[0]))
+    with pytest.warns(frozenconst.FrozenConstWarning, match="put a copy"):  # said at the step, as before
+        copy, reads, as_argument = _TRAINED[idiom](data, x)
+    assert isinstance(copy, FrozenConst) and not copy.is_concrete  # a copy, not the constant
+    array = jnp.asarray(copy)
+    expected = np.asarray(jax.jit(as_argument)(array, x))
+    argument_size = len(jax.jit(as_argument).lower(array, x).as_text())
+    for jit in JITS:
+        with lowered_programs() as texts:
+            got = _compile(jit, lambda v: reads(v))(x)  # a function of its own: JAX's caches share none
+        np.testing.assert_array_equal(np.asarray(got), expected)  # the argument form's, bit for bit
+        # The program of the table as an argument (give or take a jit's own wrapping), none of its data.
+        assert texts and max(len(t) for t in texts) <= argument_size + 500, (jit, [len(t) for t in texts])
+    assert jnp.asarray(copy) is array  # still the same buffer, not copied again
+
+
+def test_a_known_copy_used_many_times_is_one_parameter():
+    with pytest.warns(frozenconst.FrozenConstWarning, match="put a copy"):
+        copy = jax.jit(lambda t: t)(FrozenConst(_table(21)))
+
+    def uses(t, x):
+        return sum(jnp.sum(t @ (x * i)) for i in range(8))
+
+    x = jnp.ones(N)
+    lowered = jax.jit(lambda x: uses(copy, x)).lower(x)
+    as_argument = jax.jit(uses).lower(jnp.asarray(copy), x)
+    assert program_parameters(lowered) == 2  # JAX's own, under the simplified pipeline: one per use
+    # (JAX's `{jax.const = true}` on the parameter, and the function's name.)
+    assert len(lowered.as_text()) <= len(as_argument.as_text()) + 32
+    np.testing.assert_array_equal(
+        np.asarray(lowered.compile()(x)), np.asarray(as_argument.compile()(jnp.asarray(copy), x))
+    )
+
+
+def test_a_step_donating_a_state_that_holds_a_known_copy_keeps_its_buffer():
+    if not jax_donates_closed_over_buffers():
+        pytest.skip("this JAX refuses a call donating an array its function closes over")
+    with pytest.warns(frozenconst.FrozenConstWarning, match="put a copy"):
+        state = jax.jit(lambda s: s)({"t": FrozenConst(_table(22)), "w": jnp.ones(N)})
+    copy = state["t"]
+    read = jax.jit(lambda x: copy @ x)  # holds the copy's buffer as a parameter
+    expected = np.asarray(read(jnp.ones(N)))
+    step = jax.jit(lambda s: {"t": jnp.asarray(s["t"]) * 2.0, "w": s["w"] + 1}, donate_argnums=0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+        new = step(state)
+    # The rest of the state was donated; the copy's buffer, which a program holds, was kept.
+    assert state["w"].is_deleted() or jax.default_backend() != "cpu"
+    assert not jnp.asarray(copy).is_deleted()
+    np.testing.assert_array_equal(np.asarray(read(jnp.ones(N))), expected)
+    np.testing.assert_array_equal(np.asarray(new["t"]), 2.0 * np.asarray(copy))
 
 
 def _regression(seed=0):
