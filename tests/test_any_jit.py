@@ -519,6 +519,8 @@ def test_numpyro_reruns_of_one_mcmc_compile_nothing_with_the_data_a_frozenconst(
     # The programs are counted where JAX lowers them (`lowered_programs`), the default
     # progress bar on, as numpyro's docs write it.
     numpyro = pytest.importorskip("numpyro")
+    if not raw_numpy_lowers():
+        pytest.skip("jax 0.7 to 0.9 under the simplified pipeline cannot lower NumPyro's NumPy constants")
     import numpyro.distributions as dist
     from numpyro.infer import MCMC, NUTS
 
