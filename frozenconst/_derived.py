@@ -218,11 +218,12 @@ class _CopyRef(weakref.ref):  # type: ignore[type-arg]  # (subscripted only when
     key: int
 
 
-# The device buffers of the copies `rebuild` made, by id, each held weakly and gone as it dies:
-# frozenconst knows these copies, and a compiled program that reads one takes its buffer as a
-# parameter, as it takes a constant's (`buffer_owner`, `_hoist`). Changed and read one dict
-# operation at a time (atomic under the GIL), no lock: an id is not reused before the array's
-# weak references have been told it died.
+# The device buffers of the copies `rebuild` made, by id, each held weakly: frozenconst knows
+# these copies, and a compiled program that reads one takes its buffer as a parameter, as it
+# takes a constant's (`buffer_owner`, `_hoist`). An entry goes as its array dies, so that a
+# loop making and dropping copies leaves the table (and the heap) as it found them. Read and
+# changed one dict operation at a time (atomic under the GIL), no lock: an id is not reused
+# before the weak references to the array that held it have been told it died.
 COPY_REFS: dict[int, _CopyRef] = {}
 
 

@@ -424,6 +424,29 @@ def test_a_known_copy_used_many_times_is_one_parameter():
     )
 
 
+def test_the_copies_known_are_those_alive():
+    from frozenconst import _derived  # the table of known copies, read where it is kept
+
+    table = FrozenConst(_table(23))
+    gc.collect()
+    before = len(_derived.COPY_REFS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", frozenconst.FrozenConstWarning)
+        kept = jax.tree.map(lambda a: a + 1, table)  # a copy that lives
+        many = [jax.tree.map(lambda a, i=i: a + i, table) for i in range(1000)]
+        assert len(_derived.COPY_REFS) == before + 1001  # each known while it lives
+        del many
+        for i in range(1000):  # copies made and dropped, as steps make them
+            jax.tree.map(lambda a, i=i: a + i, table)
+    gc.collect()
+    assert len(_derived.COPY_REFS) == before + 1  # each forgotten as it died
+    # Known while it lives: a parameter; an array equal to it that no copy holds: embedded.
+    stranger = jnp.asarray(table) + 1
+    assert program_parameters(jax.jit(lambda x: jnp.asarray(kept) @ x).lower(jnp.ones(N))) == 2
+    if not SIMPLIFIED:  # (the simplified pipeline passes every closed-over jax.Array itself)
+        assert program_parameters(jax.jit(lambda x: stranger @ x).lower(jnp.ones(N))) == 1
+
+
 def test_a_step_donating_a_state_that_holds_a_known_copy_keeps_its_buffer():
     if not jax_donates_closed_over_buffers():
         pytest.skip("this JAX refuses a call donating an array its function closes over")
