@@ -220,7 +220,11 @@ class _CopyRef(weakref.ref):  # type: ignore[type-arg]  # (subscripted only when
 
 # The device buffers of the copies `rebuild` made, by id, each held weakly: frozenconst knows
 # these copies, and a compiled program that reads one takes its buffer as a parameter, as it
-# takes a constant's (`buffer_owner`, `_hoist`). An entry goes as its array dies, so that a
+# takes a constant's (`buffer_owner`, `_hoist`). A copy is filed where its handle hands its
+# buffer out as an array (`FrozenConst.__jax_array__`: an operand, `jnp.asarray`, in a trace
+# or not), which is how a program that closes over it meets it; a pytree flatten, which passes
+# it along as a jitted step's argument, does not file it: a training loop makes and passes on
+# copies at every step, and reads none of them so. An entry goes as its array dies, so that a
 # loop making and dropping copies leaves the table (and the heap) as it found them. Read and
 # changed one dict operation at a time (atomic under the GIL), no lock: an id is not reused
 # before the weak references to the array that held it have been told it died.
@@ -228,8 +232,18 @@ COPY_REFS: dict[int, _CopyRef] = {}
 
 
 def _copy_died(ref: _CopyRef) -> None:
-    if COPY_REFS.get(ref.key) is ref:  # (the same buffer rebuilt twice is filed by its latest)
+    if COPY_REFS.get(ref.key) is ref:  # (the same buffer filed twice is filed by its latest)
         COPY_REFS.pop(ref.key, None)
+
+
+def know_copy(array: Any) -> Any:
+    """`array`, the buffer of a copy (`rebuild`), filed in `COPY_REFS` where it is not yet."""
+    copy = COPY_REFS.get(id(array))
+    if copy is None or copy() is not array:
+        copy = _CopyRef(array, _copy_died)
+        copy.key = id(array)
+        COPY_REFS[copy.key] = copy
+    return array
 
 
 def buffer_owner(value: object) -> Store | Derived | None:
@@ -504,13 +518,10 @@ def rebuild(cls: type[FrozenConst], aux_data: None, children: Any) -> FrozenCons
                 if user is None or user.f_lasti != user_lasti or id(user.f_code) != user_code:
                     note_derived_copy(leaf, caller, cls)
         # The array itself, its record made where first asked for (`_held`), and the array
-        # known for what it is while it lives (`COPY_REFS`).
+        # known for what it is once the handle hands it out as an array (`know_copy`).
         handle = new_handle(cls)
         handle._store = leaf  # type: ignore[assignment]  # the array, not a record: `COPY` says so
         handle._sharding = COPY
-        copy = _CopyRef(leaf, _copy_died)
-        copy.key = id(leaf)
-        COPY_REFS[copy.key] = copy
         return handle
     elif leaf is None:
         # The placeholder `eqx.partition` leaves in the half without arrays (equinox's

@@ -20,7 +20,7 @@ from ._compat import (
     Tracer,
     array_attributes,
 )
-from ._derived import COPY, NO_LEAF, CopyMark, Derived, copy_record, new_handle, rebuild
+from ._derived import COPY, NO_LEAF, CopyMark, Derived, copy_record, know_copy, new_handle, rebuild
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._host import HostMemory, frozen_copy, host_memory_choice
 from ._partial import as_shape, from_callback, from_source, lazily_sliceable, spans_processes
@@ -249,12 +249,15 @@ class FrozenConst(_StaticBase):
 
         So jit arguments cost no transfer and never retrace for another constant
         of the same shape and dtype, and transformations keep the type (JEP 28661).
+        A copy's array is passed along as it is, not filed as read (`__jax_array__`).
         """
+        if self._sharding is COPY:
+            return (self._store,), None  # type: ignore[return-value]  # a copy's own array
         return (self.__jax_array__(),), None
 
     def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, jax.Array]], None]:
         """As `tree_flatten`, with the leaf's key path `.value`."""
-        return ((jax.tree_util.GetAttrKey("value"), self.__jax_array__()),), None
+        return ((jax.tree_util.GetAttrKey("value"), self.tree_flatten()[0][0]),), None
 
     # What a rebuilt leaf becomes, and the derived-copy warning, live in `_derived` (`rebuild`):
     # bound here as the classmethod itself, so JAX calls it with no frame of its own between.
@@ -286,7 +289,8 @@ class FrozenConst(_StaticBase):
                 return leaf  # type: ignore[no-any-return]
             return store.array(None)
         if sharding is COPY:
-            return self._store  # type: ignore[return-value]  # a copy's own array
+            # A copy's own array, known from now on (a program closing over it keeps it out).
+            return know_copy(self._store)  # type: ignore[no-any-return]
         return self._store.array(sharding)  # type: ignore[arg-type]  # a sharding, `COPY` is not
 
     def on(self, target: Target) -> jax.Array:
