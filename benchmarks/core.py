@@ -504,6 +504,90 @@ def fingerprints(mib: int, rounds: int = 5) -> list[dict[str, Any]]:
     ]
 
 
+def live_twins(rounds: int, counts: tuple[int, ...] = (0, 1_000, 10_000), n: int = 200) -> dict[str, Any]:
+    """`intern` and `pickle.loads` per call with N other constants alive, against none alive.
+
+    Each looks for a live constant of the same content (a twin), among constants of the same
+    shape and dtype as its own, the case a scan paid most for. Every call is of new content
+    (no twin: a new constant, made, looked up, dropped). The N constants are made first and
+    looked up once, untimed but reported ("first lookup": where they are digested, once);
+    then `rounds` rounds each time a block of `n` calls of every operation, in an order that
+    rotates from round to round, with garbage collection off (its full passes cost in
+    proportion to every object alive, frozenconst's or not); medians. The figures with none
+    alive are measured before the first N and again after the last N are dropped, and the
+    baseline is their mean: the ratio of the two says how far the machine drifted meanwhile.
+    `FrozenConst(a)`, which looks nothing up, is the control: `per_construction` is each
+    operation's time over the construction's in the same rounds, against that with none
+    alive, which a machine's drift between measurements does not move.
+    """
+    import itertools
+    import pickle
+
+    import frozenconst
+    from frozenconst import FrozenConst
+
+    fresh = itertools.count()
+
+    def data() -> Any:
+        return np.full(16, next(fresh), np.float32)
+
+    blobs = itertools.cycle([pickle.dumps(FrozenConst(data())) for _ in range(8)])
+    operations: dict[str, Callable[[], Any]] = {
+        "FrozenConst(a)": lambda: FrozenConst(data()),
+        "intern(a)": lambda: frozenconst.intern(data()),
+        "pickle.loads": lambda: pickle.loads(next(blobs)),
+    }
+
+    def measure() -> dict[str, float]:
+        samples: dict[str, list[float]] = {name: [] for name in operations}
+        names = list(operations)
+        gc.collect()
+        gc.disable()
+        try:
+            for r in range(rounds):
+                for i in range(len(names)):
+                    name = names[(r + i) % len(names)]
+                    fn = operations[name]
+                    start = time.perf_counter()
+                    for _ in range(n):
+                        fn()
+                    samples[name].append((time.perf_counter() - start) / n)
+        finally:
+            gc.enable()
+        return {name: statistics.median(t) * 1e6 for name, t in samples.items()}
+
+    measure()  # warm: first calls, the blobs' constants digested
+    rows: list[dict[str, Any]] = []
+    before = measure()
+    for count in counts:
+        if not count:
+            continue
+        alive = [FrozenConst(data()) for _ in range(count)]
+        start = time.perf_counter()
+        frozenconst.intern(data())  # the first lookup of their shape and dtype digests them
+        first = time.perf_counter() - start
+        rows.append({"alive": count, "first_lookup_ms": first * 1e3, **measure()})
+        del alive
+    after = measure()
+    none = {name: (before[name] + after[name]) / 2 for name in operations}
+    control = "FrozenConst(a)"
+
+    def relative(times: dict[str, float]) -> dict[str, float]:
+        return {name: times[name] / times[control] for name in operations}
+
+    none_relative = {name: (relative(before)[name] + relative(after)[name]) / 2 for name in operations}
+    for row in rows:
+        row["ratios"] = {name: row[name] / none[name] for name in operations}
+        row["per_construction"] = {name: relative(row)[name] / none_relative[name] for name in operations}
+    return {
+        "rounds": rounds,
+        "calls": n,
+        "none_alive": none,
+        "drift": {name: after[name] / before[name] for name in operations},
+        "rows": rows,
+    }
+
+
 def jit_overhead(rounds: int) -> dict[str, float]:
     import jax
     import jax.numpy as jnp
@@ -563,6 +647,7 @@ def run(quick: bool) -> dict[str, Any]:
         "accounting": accounting(rounds),
         "jit_overhead": jit_overhead(rounds),
         "jit_static_configurations": jit_static_configurations(rounds),
+        "live_twins": live_twins(11 if quick else 31),
         "scaling": scaling(),
         "fingerprint": fingerprints(64 if quick else 256),
     }
@@ -616,6 +701,46 @@ def _ab_table(title: str, header: tuple[str, str, str], rows: list[dict[str, Any
     lines = ["", f"### {title}", "", _INTERLEAVED.format(rounds=rounds), ""]
     lines += [f"| {' | '.join(header)} | ratio |", "|---|---:|---:|---:|"]
     lines += [f"| {r['case']} | {r['a_us']:.2f} | {r['b_us']:.2f} | {r['ratio']:.3f} |" for r in rows]
+    return lines
+
+
+def _live_twins_table(twins: dict[str, Any] | None) -> list[str]:
+    """The table of `live_twins`: per call with N constants alive, and the ratio to none alive."""
+    if not twins:
+        return []
+    names = list(twins["none_alive"])
+    none = ", ".join(f"{name} {twins['none_alive'][name]:.1f} us" for name in names)
+    drift = ", ".join(f"{twins['drift'][name]:.2f}" for name in names)
+    lines = [
+        "",
+        "### Finding a live twin: `intern` and `pickle.loads` against the constants alive",
+        "",
+        "`intern` and `pickle.loads` look for a live constant of the same content; each call here "
+        "is of new content, of the shape and dtype of every constant alive (16 float32). "
+        f"{twins['rounds']} rounds each time a block of {twins['calls']} calls of every "
+        "operation, in an order rotating from round to round, garbage collection off; medians. "
+        f"With none alive (the mean of before and after, whose ratio after/before is {drift}): "
+        f"{none}. The first lookup after the N constants are made digests them, once. In "
+        "brackets the ratio to none alive; the last columns divide each by `FrozenConst(a)`'s "
+        "time in the same rounds (which looks nothing up) first, so that the machine's drift "
+        "between the measurements cancels (target: within 1.2x).",
+    ]
+    env = twins.get("environment")
+    if env:  # measured on its own (`live_twins`), after the rest of this page
+        lines += ["", f"This table alone was measured on {env['date']}, frozenconst {env['frozenconst']}."]
+    lines += [
+        "",
+        "| constants alive | first lookup ms | "
+        + " | ".join(f"{n} us (ratio)" for n in names)
+        + " | "
+        + " | ".join(f"{n}, per construction" for n in names[1:])
+        + " |",
+        "|---:|---:|" + "---:|" * (2 * len(names) - 1),
+    ]
+    for row in twins["rows"]:
+        cells = " | ".join(f"{row[n]:.1f} ({row['ratios'][n]:.2f})" for n in names)
+        relative = " | ".join(f"{row['per_construction'][n]:.2f}" for n in names[1:])
+        lines.append(f"| {row['alive']:,} | {row['first_lookup_ms']:.1f} | {cells} | {relative} |")
     return lines
 
 
@@ -746,6 +871,9 @@ def markdown(results: dict[str, Any], env: dict[str, str], command: str) -> str:
         f"`jax.jit` with NumPy constants, {floor['a_us']:.2f} against {floor['b_us']:.2f} us "
         f"({floor['ratio']:.3f}x). Each call is fed only its own configuration's constants. "
         + _INTERLEAVED.format(rounds=rounds),
+    ]
+    lines += _live_twins_table(results.get("live_twins"))
+    lines += [
         "",
         "### Scaling",
         "",

@@ -11,8 +11,8 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from ._cache import OWNER_REFS, STATE
 from ._compat import SIMPLIFIED_CONSTANTS, numpy_of, simplified_hoists
+from ._derived import buffer_owner
 from ._fingerprint import fingerprint
 from ._hoist import EMBED_MAX_BYTES, RELICS
 from ._host import human_bytes
@@ -34,7 +34,8 @@ class CapturedConstant:
 
     Attributes:
         kind: `"numpy"` (a raw NumPy array), `"jax"` (a `jax.Array`), or
-            `"frozenconst"` (a FrozenConst's cached buffer).
+            `"frozenconst"` (a FrozenConst's cached buffer, or the buffer of a copy of
+            one that a step handed back, kept out as the constant is).
         shape: the shape.
         dtype: the dtype's name.
         nbytes: bytes of data (of a constant spread over several processes: the
@@ -253,8 +254,6 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
         if refused is None:
             raise
         raise refused from err
-    frozen_ids = {id(a) for store in list(STATE.live) for a in store.arrays()}
-
     found: dict[object, dict[str, Any]] = {}
     order: list[object] = []
     for value, eqn in walk(closed):
@@ -263,8 +262,9 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
         if entry is None:
             kind: Kind = "numpy"
             if isinstance(value, jax.Array):
-                # (A relic: the buffer of a constant the function made, dead since the trace.)
-                kind = "frozenconst" if id(value) in frozen_ids or RELICS.of(value) else "jax"
+                # A constant's buffer, or a known copy's (kept out as a constant is), or a relic:
+                # the buffer of a constant the function made, dead since the trace.
+                kind = "frozenconst" if buffer_owner(value) is not None or RELICS.of(value) else "jax"
             entry = found[key] = {
                 "kind": kind,
                 **_describe(value),
@@ -296,8 +296,9 @@ def _identity(value: Any) -> object:
 
 def _kept_out(value: Any) -> bool:
     """Whether the FrozenConst buffer `value` is a parameter of every program that uses it."""
-    ref = OWNER_REFS.get(id(value))
-    owner: Any = RELICS.of(value) if ref is None else ref()
+    owner: Any = buffer_owner(value)
+    if owner is None:
+        owner = RELICS.of(value)
     if owner is None or owner.volatile:
         return False
     nbytes: int = getattr(value, "nbytes", 0)

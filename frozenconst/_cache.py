@@ -24,7 +24,7 @@ import threading
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol, TypeAlias
 
 import jax
@@ -108,6 +108,128 @@ class Budget(Protocol):
         """Evict other constants until `incoming` bytes per device fit, or raise."""
 
 
+# A bucket of `LiveStores`: `(None, shape, dtype)` for whole constants not digested yet,
+# `(fingerprint, weak type, host memory)` for those digested, `(_PARTIAL, None, None)` for
+# constants of which this process holds slices (never anyone's twin).
+_Bucket: TypeAlias = "tuple[str | None, Any, Any]"
+_PARTIAL = "partial"  # never a fingerprint, which starts with its algorithm's name
+_ABSENT = object()
+
+
+class LiveStores:
+    """Every live store, filed so that finding a constant's twin is one lookup, not a scan.
+
+    A new store is only added to `fresh`, as to a `weakref.WeakSet`: a plain construction
+    computes no fingerprint, takes no lock, and costs what the set of live stores always cost.
+    (`fresh` is a dict, not a set: taking one entry out of a set once large scans its whole
+    table, and of a dict takes the last.)
+    A lookup (`twin`) files the fresh stores under their shape and dtype, then digests those of
+    its own shape and dtype filed since the last such lookup and files each again under its
+    content (`fingerprint`, weak type, host memory), where it reads its twin: each constant is
+    filed once, digested at most once, and only where one of its shape and dtype is looked up.
+    A store's entry goes when it dies, and an emptied bucket with it.
+
+    `fresh` changes by single dict operations (atomic under the GIL, locked in free-threaded
+    builds); `buckets` and `filed` (each filed store's bucket) change under `lock`; `lookups`
+    lets one lookup at a time file and digest (outside `lock`, so a construction never
+    waits on a digest), so that two lookups of one content find each other.
+    """
+
+    def __init__(self) -> None:
+        self.fresh: dict[weakref.ref[Store], None] = {}
+        # Reentrant: a store dying while the lock is held (its last reference dropped by the
+        # holder) calls `gone` in the same thread.
+        self.lock = threading.RLock()
+        self.lookups = threading.Lock()
+        # Each bucket in the order its stores were filed: the first live one of a content is
+        # every lookup's answer, so lookups racing for one content agree on it.
+        self.buckets: dict[_Bucket, dict[weakref.ref[Store], None]] = {}
+        self.filed: dict[weakref.ref[Store], _Bucket] = {}
+
+    def add(self, store: Store) -> None:
+        """A new store: fresh, until a lookup files it."""
+        self.fresh[weakref.ref(store, self.gone)] = None
+
+    def gone(self, ref: weakref.ref[Store]) -> None:
+        """A store died: its entry goes (a dead reference keeps its hash, and equals only itself)."""
+        if self.fresh.pop(ref, _ABSENT) is not _ABSENT:
+            return  # (where a lookup has taken it out, the lookup finds it dead, and files nothing)
+        with self.lock:
+            key = self.filed.pop(ref, None)
+            if key is not None:
+                self._unfile(ref, key)
+
+    def _unfile(self, ref: weakref.ref[Store], key: _Bucket) -> None:
+        """Take `ref` out of its bucket, and the bucket out where it empties (under `lock`)."""
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            return  # taken out by a lookup, which files only the living
+        bucket.pop(ref, None)
+        if not bucket:
+            del self.buckets[key]
+            if not self.buckets:
+                # A dict keeps the size it grew to: the emptied ones are let go.
+                self.buckets, self.filed = {}, {}
+
+    def _file(self, filing: list[tuple[weakref.ref[Store], _Bucket]]) -> None:
+        """File each live one of `filing` under its bucket (under `lock`)."""
+        for ref, key in filing:
+            if ref() is None:
+                continue  # died since it was taken out: its `gone` found nothing to remove
+            self.filed[ref] = key
+            bucket = self.buckets.get(key)
+            if bucket is None:
+                self.buckets[key] = {ref: None}
+            else:
+                bucket[ref] = None
+
+    def __iter__(self) -> Iterator[Store]:
+        with self.lock:
+            refs = [*self.fresh, *self.filed]
+        return (store for store in (ref() for ref in refs) if store is not None)
+
+    def twin(self, store: Store) -> Store | None:
+        """Another live whole store with `store`'s content, weak type, host memory and residency,
+        if any."""
+        with self.lookups:
+            filing: list[tuple[weakref.ref[Store], _Bucket]] = []
+            while self.fresh:
+                try:
+                    ref, _ = self.fresh.popitem()  # the newest
+                except KeyError:  # the last taken out by a death meanwhile
+                    break
+                other = ref()
+                if other is not None:
+                    key = (_PARTIAL, None, None) if other.partial else (None, other.shape, other.dtype)
+                    filing.append((ref, key))
+                del other
+            filing.reverse()  # filed oldest first: a bucket's first live store is its oldest
+            with self.lock:
+                self._file(filing)
+                undigested = self.buckets.pop((None, store.shape, store.dtype), {})
+                for ref in undigested:
+                    self.filed.pop(ref, None)
+            # Digested outside `lock` (hashlib releases the GIL): constructions go on meanwhile.
+            filing = []
+            for ref in undigested:
+                other = ref()
+                if other is not None:
+                    filing.append(
+                        (ref, (other.fingerprint, other.weak, (other.host_memory, other.residency)))
+                    )
+                del other
+            mine = (store.fingerprint, store.weak, (store.host_memory, store.residency))
+            with self.lock:
+                self._file(filing)
+                # A copy: a store dying now (a collection, here) takes itself out of its bucket.
+                for ref in list(self.buckets.get(mine, ())):
+                    other = ref()
+                    if other is not None:
+                        # The first filed: `store` itself where it is (no twin: the one to keep).
+                        return None if other is store else other
+        return None
+
+
 # The state the cache keeps for the whole process, in one object: `from ._cache
 # import STATE` binds the object, so every module reads and writes the same fields.
 class _State:
@@ -133,8 +255,9 @@ class _State:
         self.retired_retransfers = 0
         # The device budget in force (`frozenconst.set_device_budget`), or None.
         self.budget: Budget | None = None
-        # Every live store, for `frozenconst.stats()` and the audit's kind lookup.
-        self.live: weakref.WeakSet[Store] = weakref.WeakSet()
+        # Every live store, for `frozenconst.stats()`, the audit's kind lookup and finding a
+        # constant's twin (`live_twin`).
+        self.live = LiveStores()
         # Told of a store whose device buffer was evicted or lost, after the fact, and whether
         # anything besides the store still holds the old buffer (a trace JAX cached, a
         # program): whatever holds it lets go of it (`_hoist.dropped`, appended by
@@ -247,26 +370,8 @@ def owner_of(leaf: object) -> Use | None:
 
 def live_twin(store: Store) -> Store | None:
     """Another live constant with `store`'s content (dtype, shape, bytes, weak type) in the same
-    host memory (page-locked or not), if any.
-
-    Only constants of the same shape and dtype are compared, by fingerprint (each
-    computed once, then kept), so a process without one pays nothing.
-    """
-    if store.partial:
-        return None
-    found = [
-        other
-        for other in list(STATE.live)
-        if other is not store
-        and not other.partial
-        and (other.shape, other.dtype, other.weak) == (store.shape, store.dtype, store.weak)
-        and other.host_memory == store.host_memory
-        and other.residency == store.residency
-    ]
-    if not found:
-        return None
-    mine = store.fingerprint
-    return next((other for other in found if other.fingerprint == mine), None)
+    host memory (page-locked or not) and residency, if any: one lookup (`LiveStores`)."""
+    return None if store.partial else STATE.live.twin(store)
 
 
 # A use of a constant: its store, and the declared sharding (None: the default device).
@@ -342,6 +447,7 @@ class Store:
         self.memory = host_copy(host_memory, residency, host)
         self.weak = weak
         self._fingerprint = digest
+        STATE.live.add(self)  # once whole: another thread's lookup may digest it at once
 
     def _setup(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
         self.shape: tuple[int, ...] = shape
@@ -371,7 +477,6 @@ class Store:
         self.retransfers = 0
         self.evicted: set[tuple[Sharding | None, Device | None, np.dtype[Any]]] = set()
         self.used = 0
-        STATE.live.add(self)
         # The ids of this store's cached arrays, and the weak reference `OWNERS` holds for each.
         self.owned: set[int] = set()
         self.owner = OWNERS.reference(self, self.owned)

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import importlib
 import os
+import re
 import sys
 import types
 import warnings
@@ -909,3 +910,31 @@ def _strip_hoisted(lowering: Any, count: int) -> None:
             list(info.in_avals)[count:],
             info.debug_info._replace(arg_names=None if names is None else tuple(names)[count:]),
         )
+
+
+# --- JAX's messages for a call of an exported program (`frozenconst.load`) ---
+_ARGUMENT = re.compile(r"args\[(\d+)\](\[(\d+)\])?")
+_LENGTHS = re.compile(r"args is a tuple of length (\d+) in the invocation and a tuple of length (\d+)")
+
+
+def exported_call_message(message: str) -> str | None:
+    """JAX's message about a call of an exported `g(constants, *args)` in the words of the
+    user's function: `args[1]` is the user's `args[0]`; None where it names no argument.
+
+    JAX's checks of the call (`jax._src.export._export`, `call_exported`: "args[i]" and the
+    tuple lengths, jax 0.8.1 to 0.12) name its positional arguments from 0, the constants
+    first. Fallback: a message in other words is raised as JAX wrote it."""
+
+    def argument(found: re.Match[str]) -> str:
+        index = int(found.group(1))
+        if index:
+            return f"args[{index - 1}]{found.group(2) or ''}"
+        which = "constants" if found.group(3) is None else f"constant {found.group(3)}"
+        return f"frozenconst's {which} (the program's own first input)"
+
+    def lengths(found: re.Match[str]) -> str:
+        called, exported = (int(n) - 1 for n in found.groups())
+        return f"args is a tuple of length {called} in the invocation and a tuple of length {exported}"
+
+    told = _LENGTHS.sub(lengths, _ARGUMENT.sub(argument, message))
+    return None if told == message else told

@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 import types
 import warnings
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -60,6 +61,11 @@ class Derived:
     __slots__ = ("__weakref__", "copy_store", "leaf")
 
     concrete = False
+    # What a compiled program asks of what it keeps out (`_hoist`), as of a constant: a
+    # derived value is no library's own table, and its leaf, used as it is, is never
+    # transferred again behind anyone's back.
+    origin = ""
+    volatile = False
 
     # A derived value is served from `leaf` (`FrozenConst.tree_flatten` and `__jax_array__`
     # read it inline), never from a store's cache slot (`Store.hot`): that hit checks what a
@@ -203,6 +209,60 @@ def copy_record(leaf: Any) -> Derived:
 def derived_of(leaf: Any) -> Derived:
     """A `Derived` around `leaf`: what a trace rebuilds."""
     return copy_record(leaf)
+
+
+class _CopyRef(weakref.ref):  # type: ignore[type-arg]  # (subscripted only when type checking)
+    """A weak reference to a copy's buffer, in `COPY_REFS` under `key`, its id while it lived."""
+
+    __slots__ = ("key",)
+    key: int
+
+
+# The device buffers of the copies `rebuild` made, by id, each held weakly: frozenconst knows
+# these copies, and a compiled program that reads one takes its buffer as a parameter, as it
+# takes a constant's (`buffer_owner`, `_hoist`). A copy is filed where its handle hands its
+# buffer out as an array (`FrozenConst.__jax_array__`: an operand, `jnp.asarray`, in a trace
+# or not), which is how a program that closes over it meets it; a pytree flatten, which passes
+# it along as a jitted step's argument, does not file it: a training loop makes and passes on
+# copies at every step, and reads none of them so. An entry goes as its array dies, so that a
+# loop making and dropping copies leaves the table (and the heap) as it found them. Read and
+# changed one dict operation at a time (atomic under the GIL), no lock: an id is not reused
+# before the weak references to the array that held it have been told it died.
+COPY_REFS: dict[int, _CopyRef] = {}
+
+
+def _copy_died(ref: _CopyRef) -> None:
+    if COPY_REFS.get(ref.key) is ref:  # (the same buffer filed twice is filed by its latest)
+        COPY_REFS.pop(ref.key, None)
+
+
+def know_copy(array: Any) -> Any:
+    """`array`, the buffer of a copy (`rebuild`), filed in `COPY_REFS` where it is not yet."""
+    copy = COPY_REFS.get(id(array))
+    if copy is None or copy() is not array:
+        copy = _CopyRef(array, _copy_died)
+        copy.key = id(array)
+        COPY_REFS[copy.key] = copy
+    return array
+
+
+def buffer_owner(value: object) -> Store | Derived | None:
+    """Whose buffer `value` is: the constant whose cached buffer it is (the very object), or the
+    record of a copy `rebuild` made around it while it is that same, undeleted buffer; None for
+    any other value. The one answer to which arrays a compiled program keeps out."""
+    key = id(value)
+    ref = OWNER_REFS.get(key)
+    if ref is not None:
+        store = ref()
+        # `sharding_of` confirms the very object (an id can be reused after an array dies).
+        if store is not None and store.sharding_of(value) is not None:
+            return store
+    copy = COPY_REFS.get(key)
+    array = None if copy is None else copy()
+    # Alive, it is `value` (two live objects never share an id).
+    if array is not None and not array.is_deleted():
+        return copy_record(array)
+    return None
 
 
 class _NoLeaf(Derived):
@@ -458,7 +518,8 @@ def rebuild(cls: type[FrozenConst], aux_data: None, children: Any) -> FrozenCons
                     user = None
                 if user is None or user.f_lasti != user_lasti or id(user.f_code) != user_code:
                     note_derived_copy(leaf, caller, cls)
-        # The array itself, its record made where first asked for (`_held`).
+        # The array itself, its record made where first asked for (`_held`), and the array
+        # known for what it is once the handle hands it out as an array (`know_copy`).
         handle = new_handle(cls)
         handle._store = leaf  # type: ignore[assignment]  # the array, not a record: `COPY` says so
         handle._sharding = COPY

@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import pathlib
-import re
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
@@ -28,7 +27,7 @@ import jax
 import numpy as np
 
 from ._cache import OWNER_REFS, Store, Use
-from ._compat import X64, numpy_of
+from ._compat import X64, exported_call_message, numpy_of
 from ._errors import FrozenConstRuntimeError, FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._fingerprint import fingerprint
 from ._frozen import FrozenConst, _sharding_state  # pyright: ignore[reportPrivateUsage]
@@ -222,33 +221,10 @@ def _call(
     try:
         return program.call(fed, *args, **kwargs)
     except ValueError as err:  # JAX's checks of the call, which number the constants args[0]
-        told = _users_words(str(err))
+        told = exported_call_message(str(err))
         if told is None:
             raise
         raise FrozenConstValueError(told) from None
-
-
-_ARGUMENT = re.compile(r"args\[(\d+)\](\[(\d+)\])?")
-_LENGTHS = re.compile(r"args is a tuple of length (\d+) in the invocation and a tuple of length (\d+)")
-
-
-def _users_words(message: str) -> str | None:
-    """JAX's message about a call of `g(constants, *args)` in the words of the user's function:
-    `args[1]` is the user's `args[0]`; None where it names no argument."""
-
-    def argument(found: re.Match[str]) -> str:
-        index = int(found.group(1))
-        if index:
-            return f"args[{index - 1}]{found.group(2) or ''}"
-        which = "constants" if found.group(3) is None else f"constant {found.group(3)}"
-        return f"frozenconst's {which} (the program's own first input)"
-
-    def lengths(found: re.Match[str]) -> str:
-        called, exported = (int(n) - 1 for n in found.groups())
-        return f"args is a tuple of length {called} in the invocation and a tuple of length {exported}"
-
-    told = _LENGTHS.sub(lengths, _ARGUMENT.sub(argument, message))
-    return None if told == message else told
 
 
 def _fed(constant: FrozenConst, dtype: np.dtype[Any]) -> jax.Array:

@@ -20,7 +20,7 @@ from ._compat import (
     Tracer,
     array_attributes,
 )
-from ._derived import COPY, NO_LEAF, CopyMark, Derived, copy_record, new_handle, rebuild
+from ._derived import COPY, NO_LEAF, CopyMark, Derived, copy_record, know_copy, new_handle, rebuild
 from ._dtypes import check_conversion
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._host import frozen_copy
@@ -36,6 +36,8 @@ _RECORD_LOCK = threading.Lock()
 # `jax.Array` methods that free or invalidate the cached buffer. Everything else
 # on `jax.Array` is offered on `FrozenConst` too, computed on the cached buffer.
 _REFUSED = frozenset({"delete"})
+# What a derived value may hold that is unhashable as a leaf: an array or a traced value.
+_UNHASHABLE_LEAVES = (jax.Array, np.ndarray, Tracer)
 # DLPack's device type of host memory (`kDLCPU`), as `jax.dlpack` and NumPy number it.
 _DL_CPU = 1
 # The platforms whose buffers `jax.Array.__dlpack__` exports (jax 0.8.1 to 0.12: "only supported
@@ -270,12 +272,15 @@ class FrozenConst(_StaticBase):
 
         So jit arguments cost no transfer and never retrace for another constant
         of the same shape and dtype, and transformations keep the type (JEP 28661).
+        A copy's array is passed along as it is, not filed as read (`__jax_array__`).
         """
+        if self._sharding is COPY:
+            return (self._store,), None  # type: ignore[return-value]  # a copy's own array
         return (self.__jax_array__(),), None
 
     def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, jax.Array]], None]:
         """As `tree_flatten`, with the leaf's key path `.value`."""
-        return ((jax.tree_util.GetAttrKey("value"), self.__jax_array__()),), None
+        return ((jax.tree_util.GetAttrKey("value"), self.tree_flatten()[0][0]),), None
 
     # What a rebuilt leaf becomes, and the derived-copy warning, live in `_derived` (`rebuild`):
     # bound here as the classmethod itself, so JAX calls it with no frame of its own between.
@@ -307,7 +312,8 @@ class FrozenConst(_StaticBase):
                 return leaf  # type: ignore[no-any-return]
             return store.array(None)
         if sharding is COPY:
-            return self._store  # type: ignore[return-value]  # a copy's own array
+            # A copy's own array, known from now on (a program closing over it keeps it out).
+            return know_copy(self._store)  # type: ignore[no-any-return]
         return self._store.array(sharding)  # type: ignore[arg-type]  # a sharding, `COPY` is not
 
     def on(self, target: Target) -> jax.Array:
@@ -740,7 +746,31 @@ class FrozenConst(_StaticBase):
             "Use `x.at[index].set(value)`, which returns a new `jax.Array`."
         )
 
-    __hash__: ClassVar[None] = None  # type: ignore[assignment]
+    def __hash__(self) -> int:
+        """A constant is unhashable, as a `jax.Array` is; a value derived from one hashes as its leaf.
+
+        `jax.tree.map(f, tree)` over a tree holding a constant puts `f`'s result, the leaf, in
+        the constant's place, inside a FrozenConst (a derived value). Where that leaf is
+        hashable (an `id`, a shape, bytes, a `jax.ShapeDtypeStruct`), the derived value is a
+        stand-in for it: equal to what its leaf equals (`==` is the leaf's, as every operator
+        is) and hashed as the leaf, so a tree mapped to a cache key (numpyro's `MCMC` keys its
+        compiled sampler that way) is a key, as it is with a `jax.Array` in the constant's
+        place. Around an array or a traced value it is unhashable, as they are.
+
+        Examples:
+            >>> import jax, numpy as np
+            >>> from frozenconst import FrozenConst
+            >>> table = FrozenConst(np.arange(3.0))
+            >>> key = jax.tree.map(lambda a: a.shape, (table,))
+            >>> {key: "compiled"}[jax.tree.map(lambda a: a.shape, (table,))]
+            'compiled'
+        """
+        if self._sharding is None:
+            held = self._store
+            leaf = held.leaf
+            if not held.concrete and not isinstance(leaf, _UNHASHABLE_LEAVES):
+                return hash(leaf)
+        raise TypeError("unhashable type: 'FrozenConst'")
 
     def __copy__(self) -> FrozenConst:
         return self

@@ -56,6 +56,7 @@ from ._compat import (
     numpy_of,
     rewire_hoisted,
 )
+from ._derived import COPY_REFS, Derived, buffer_owner
 from ._errors import FrozenConstRuntimeError, FrozenConstWarning
 from ._frames import user_stacklevel
 from ._host import human_bytes
@@ -143,6 +144,8 @@ class _Relic:
     __slots__ = ("__weakref__", "buffer", "origin", "placed")
     # Never deleted behind our back as far as anyone can tell: no constant serves it any more.
     volatile = False
+    # A constant's buffer, warned of where embedded as a live constant's is.
+    concrete = True
 
     def __init__(self, buffer: weakref.ref[jax.Array], origin: str) -> None:
         self.buffer, self.origin = buffer, origin
@@ -186,8 +189,9 @@ class _Relics:
 
 
 RELICS = _Relics()
-# What a program's FrozenConst buffer belongs to: a live constant's store, or a relic.
-Owner = Store | _Relic
+# What a program's FrozenConst buffer belongs to: a live constant's store, a known copy's record, or a
+# relic.
+Owner = Store | Derived | _Relic
 
 
 def meet_losses() -> bool:
@@ -220,7 +224,7 @@ def lower(original: Callable[..., Any], closed: Any, *args: Any, **kwargs: Any) 
         options = _options()
         if options.fun is not None and not options.named and not SIMPLIFIED_CONSTANTS:
             _name_embedded(closed, options)
-        if not OWNER_REFS and not RELICS.found:
+        if not OWNER_REFS and not COPY_REFS and not RELICS.found:
             return original(closed, *args, **kwargs)
         found = _owned(closed)
         if HOISTING.donates(args, kwargs):
@@ -233,7 +237,8 @@ def lower(original: Callable[..., Any], closed: Any, *args: Any, **kwargs: Any) 
 
 
 class _Use:
-    """A FrozenConst buffer a program uses: its store, and the first line of user code using it."""
+    """A FrozenConst buffer a program uses: its store (a known copy's record), and the first line
+    of user code using it."""
 
     __slots__ = ("line", "store", "value")
 
@@ -242,17 +247,15 @@ class _Use:
 
 
 def _owned(closed: Any, literals: bool = SIMPLIFIED_CONSTANTS) -> dict[int, _Use]:
-    """Each FrozenConst buffer `closed` uses, at every level, with its first recorded line."""
+    """Each FrozenConst buffer `closed` uses (a constant's, or a known copy's: `buffer_owner`), at
+    every level, with its first recorded line."""
     found: dict[int, _Use] = {}
     try:
         for value, eqn in walk(closed, literals=literals):
             key = id(value)
             use = found.get(key)
             if use is None:
-                ref = OWNER_REFS.get(key)
-                store = None if ref is None else ref()
-                # `sharding_of` confirms the very object (an id can be reused after an array dies).
-                owner: Owner | None = store if store is not None and store.sharding_of(value) else None
+                owner: Owner | None = buffer_owner(value)
                 if owner is None:
                     owner = RELICS.of(value)
                     if owner is None:
@@ -470,12 +473,7 @@ def _undonated(args: Any, kwargs: Any) -> tuple[Any, Any]:
     every call and transferred again at every next use. Where the call is not
     found (an ahead-of-time `.lower()`), the donation stands, and the deleted buffer is met at
     the constant's next use (`Store._lost`)."""
-    kept = set()
-    for index, value in donated_arguments():
-        ref = OWNER_REFS.get(id(value))
-        store = None if ref is None else ref()
-        if store is not None and store.sharding_of(value):
-            kept.add(index)
+    kept = {index for index, value in donated_arguments() if buffer_owner(value) is not None}
     if not kept:
         return args, kwargs
     hooks = HOISTING
@@ -490,7 +488,7 @@ def _name_embedded(closed: Any, options: Options) -> None:
     seen: set[int] = set()
     try:
         for value, _ in walk(closed, literals=False):
-            if id(value) in seen or OWNER_REFS.get(id(value)) is not None or RELICS.of(value):
+            if id(value) in seen or buffer_owner(value) is not None or RELICS.of(value):
                 continue
             seen.add(id(value))
             array: Any = numpy_of(value)
@@ -562,7 +560,7 @@ def const_args(jaxpr: Any) -> list[tuple[Any, Any]]:
     if SIMPLIFIED_CONSTANTS:
         exporting = _lowering.exporting is not None
         for value, aval in hooks.const_args(jaxpr):
-            if keep_out.get(id(value)) is value:
+            if keep_out.get(id(value)) is value:  # a constant's (or a known copy's) buffer kept out
                 found.setdefault((id(value), aval), (value, aval))
             elif OWNER_REFS.get(id(value)) is None and not exporting:
                 # JAX's own, as JAX hoists it (an exported program embeds every other array, as
@@ -690,8 +688,9 @@ def observe_unhoisted(program: Any, embeds_literals: bool) -> None:
 
 
 def _warn(uses: list[_Use], why: str, reason: str = "") -> None:
-    """Warn once per constant, case (`why`) and line that these constants are embedded, and why."""
-    big = [u for u in uses if _nbytes(u.value) > EMBED_MAX_BYTES]
+    """Warn once per constant, case (`why`) and line that these constants are embedded, and why.
+    (Of a known copy, the step that made it has told.)"""
+    big = [u for u in uses if u.store.concrete and _nbytes(u.value) > EMBED_MAX_BYTES]
     if not big:
         return
     keys = [f"{why}|{u.line}" for u in big]

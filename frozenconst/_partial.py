@@ -23,7 +23,7 @@ import numpy as np
 from jax.sharding import Sharding, SingleDeviceSharding
 from numpy.typing import DTypeLike
 
-from ._cache import Store
+from ._cache import STATE, Store
 from ._compat import Device, warn_degraded
 from ._convert import as_dtype, check_narrowing, held_dtype, to_numpy
 from ._dtypes import check_dtype, native
@@ -117,6 +117,7 @@ class PartialStore(Store):
         self.slices = slices
         self.built_from = built_from
         self._setup(shape, dtype)
+        STATE.live.add(self)
 
     @property
     def home(self) -> Sharding:

@@ -23,7 +23,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import SIMPLIFIED, live_copies, program_parameters, raw_numpy_lowers, run_bounded, subprocess_env
+from helpers import (
+    SIMPLIFIED,
+    jax_donates_closed_over_buffers,
+    live_copies,
+    program_parameters,
+    raw_numpy_lowers,
+    run_bounded,
+    subprocess_env,
+)
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -296,6 +304,175 @@ def test_linen_apply_under_jax_jit_keeps_a_closed_over_table_out():
 # -- libraries that compile internally, run as their docs write them ------------------------------
 
 
+# -- copies frozenconst knows: a training step's copy of a constant is kept out as the constant is --
+#
+# A step that hands back its state (NNX's `nnx.jit` with the constant in `nnx.data`, equinox's
+# `filter_jit` returning the model, a jitted optax step returning the params) puts a copy of the
+# constant in the state, and warns there. A program that reads the copy afterwards (an
+# evaluation closing over the model) takes the copy's buffer as a parameter, as it takes a
+# constant's: its program is the program of the table passed as an argument, its values that
+# program's, bit for bit.
+
+
+def _nnx_trained(data, x):
+    nnx = pytest.importorskip("flax.nnx", reason="flax NNX needs jax >= 0.10")
+    optax = pytest.importorskip("optax")
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(data.shape[1], 2, rngs=rngs)
+            self.table = nnx.data(FrozenConst(data))
+
+        def __call__(self, v):
+            return self.lin(v @ self.table)
+
+    net = Net(nnx.Rngs(0))
+    opt = nnx.Optimizer(net, optax.adam(1e-2), wrt=nnx.Param)
+
+    @nnx.jit
+    def step(net, opt, v):
+        loss, grads = nnx.value_and_grad(lambda n: jnp.sum(n(v) ** 2))(net)
+        opt.update(net, grads)
+        return loss
+
+    for _ in range(3):
+        step(net, opt, x)
+    return net.table, lambda v: net(v), lambda t, v: net.lin(v @ t)
+
+
+def _equinox_trained(data, x):
+    eqx = pytest.importorskip("equinox")
+    optax = pytest.importorskip("optax")
+
+    class Model(eqx.Module):
+        table: FrozenConst
+        lin: eqx.nn.Linear
+
+        def __call__(self, v):
+            return jax.vmap(self.lin)(v @ self.table)
+
+    model = Model(FrozenConst(data), eqx.nn.Linear(data.shape[1], 2, key=jax.random.key(0)))
+    opt = optax.adam(1e-2)
+    state = opt.init(eqx.filter(model, eqx.is_array))
+
+    @eqx.filter_jit
+    def step(model, state, v):
+        grads = eqx.filter_grad(lambda m: jnp.sum(m(v) ** 2))(model)
+        updates, state = opt.update(grads, state, eqx.filter(model, eqx.is_array))
+        return eqx.apply_updates(model, updates), state
+
+    for _ in range(3):
+        model, state = step(model, state, x)
+    return model.table, lambda v: model(v), lambda t, v: jax.vmap(model.lin)(v @ t)
+
+
+def _optax_trained(data, x):
+    optax = pytest.importorskip("optax")
+    params = {"table": FrozenConst(data), "w": jnp.ones((data.shape[1], 2))}
+    opt = optax.adamw(1e-2, weight_decay=0.1)
+    state = opt.init(params)
+
+    def forward(p, v):
+        return (v @ p["table"]) @ p["w"]
+
+    @jax.jit
+    def step(p, state, v):
+        grads = jax.grad(lambda p: jnp.sum(forward(p, v) ** 2))(p)
+        updates, state = opt.update(grads, state, p)
+        return optax.apply_updates(p, updates), state
+
+    for _ in range(3):
+        params, state = step(params, state, x)
+    return params["table"], lambda v: forward(params, v), lambda t, v: (v @ t) @ params["w"]
+
+
+_TRAINED = {"nnx": _nnx_trained, "equinox": _equinox_trained, "optax": _optax_trained}
+
+
+@pytest.mark.parametrize("idiom", list(_TRAINED))
+def test_a_copy_a_training_step_made_is_a_parameter_of_every_jit_reading_it(idiom):
+    data = np.random.default_rng(20).standard_normal((256, 64)).astype(np.float32)  # 64 KiB
+    x = jnp.ones((2, data.shape[0]))
+    with pytest.warns(frozenconst.FrozenConstWarning, match="put a copy"):  # said at the step, as before
+        copy, reads, as_argument = _TRAINED[idiom](data, x)
+    assert isinstance(copy, FrozenConst) and not copy.is_concrete  # a copy, not the constant
+    array = jnp.asarray(copy)
+    expected = np.asarray(jax.jit(as_argument)(array, x))
+    argument_size = len(jax.jit(as_argument).lower(array, x).as_text())
+    for jit in JITS:
+        with lowered_programs() as texts:
+            got = _compile(jit, lambda v: reads(v))(x)  # a function of its own: JAX's caches share none
+        np.testing.assert_array_equal(np.asarray(got), expected)  # the argument form's, bit for bit
+        # The program of the table as an argument (give or take a jit's own wrapping), none of its data.
+        assert texts and max(len(t) for t in texts) <= argument_size + 500, (jit, [len(t) for t in texts])
+    assert jnp.asarray(copy) is array  # still the same buffer, not copied again
+
+
+def test_a_known_copy_used_many_times_is_one_parameter():
+    with pytest.warns(frozenconst.FrozenConstWarning, match="put a copy"):
+        copy = jax.jit(lambda t: t)(FrozenConst(_table(21)))
+
+    def uses(t, x):
+        return sum(jnp.sum(t @ (x * i)) for i in range(8))
+
+    x = jnp.ones(N)
+    lowered = jax.jit(lambda x: uses(copy, x)).lower(x)
+    as_argument = jax.jit(uses).lower(jnp.asarray(copy), x)
+    assert program_parameters(lowered) == 2  # JAX's own, under the simplified pipeline: one per use
+    # (JAX's `{jax.const = true}` on the parameter, and the function's name.)
+    assert len(lowered.as_text()) <= len(as_argument.as_text()) + 32
+    np.testing.assert_array_equal(
+        np.asarray(lowered.compile()(x)), np.asarray(as_argument.compile()(jnp.asarray(copy), x))
+    )
+
+
+def test_the_copies_known_are_those_read_while_they_live():
+    from frozenconst import _derived  # the table of known copies, read where it is kept
+
+    table = FrozenConst(_table(23))
+    step = jax.jit(lambda state: jax.tree.map(lambda a: a + 1, state))
+    gc.collect()
+    before = len(_derived.COPY_REFS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", frozenconst.FrozenConstWarning)
+        state = {"t": table}
+        for _ in range(100):  # a loop passing its copies along files none of them
+            state = step(state)
+        assert len(_derived.COPY_REFS) == before
+        many = [jax.tree.map(lambda a, i=i: a + i, table) for i in range(1000)]
+        for copy in many:
+            jnp.asarray(copy)  # read as an array: known from now on
+        assert len(_derived.COPY_REFS) == before + 1000
+        del many, copy
+    gc.collect()
+    assert len(_derived.COPY_REFS) == before  # each forgotten as it died
+    # A copy a program reads is a parameter of it; an array equal to it that no copy holds is
+    # embedded, as JAX embeds any array.
+    kept, stranger = state["t"], jnp.asarray(state["t"]) + 0
+    assert program_parameters(jax.jit(lambda x: kept @ x).lower(jnp.ones(N))) == 2
+    if not SIMPLIFIED:  # (the simplified pipeline passes every closed-over jax.Array itself)
+        assert program_parameters(jax.jit(lambda x: stranger @ x).lower(jnp.ones(N))) == 1
+
+
+def test_a_step_donating_a_state_that_holds_a_known_copy_keeps_its_buffer():
+    if not jax_donates_closed_over_buffers():
+        pytest.skip("this JAX refuses a call donating an array its function closes over")
+    with pytest.warns(frozenconst.FrozenConstWarning, match="put a copy"):
+        state = jax.jit(lambda s: s)({"t": FrozenConst(_table(22)), "w": jnp.ones(N)})
+    copy = state["t"]
+    read = jax.jit(lambda x: copy @ x)  # holds the copy's buffer as a parameter
+    expected = np.asarray(read(jnp.ones(N)))
+    step = jax.jit(lambda s: {"t": jnp.asarray(s["t"]) * 2.0, "w": s["w"] + 1}, donate_argnums=0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+        new = step(state)
+    # The rest of the state was donated; the copy's buffer, which a program holds, was kept.
+    assert state["w"].is_deleted()
+    assert not jnp.asarray(copy).is_deleted()
+    np.testing.assert_array_equal(np.asarray(read(jnp.ones(N))), expected)
+    np.testing.assert_array_equal(np.asarray(new["t"]), 2.0 * np.asarray(copy))
+
+
 def _regression(seed=0):
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((2000, 32)).astype(np.float32)
@@ -366,6 +543,41 @@ def test_a_numpyro_sampler_carrying_model_arguments_names_the_users_line_and_num
     assert "close over the constant in the model instead, or leave `jit_model_args` off" in text
     assert run(False, table, obs) == []
     assert run(True, obs, fun=lambda obs: model(table, obs)) == []
+
+
+def test_numpyro_reruns_of_one_mcmc_compile_nothing_with_the_data_a_frozenconst():
+    # NumPyro keys its compiled sampler on `jax.tree.map` of the model's arguments: a rerun of
+    # the same `MCMC` object finds it, with jax.Arrays as data (the oracle) as with FrozenConsts.
+    # The programs are counted where JAX lowers them (`lowered_programs`), the default
+    # progress bar on, as numpyro's docs write it.
+    numpyro = pytest.importorskip("numpyro")
+    if not raw_numpy_lowers():
+        pytest.skip("jax 0.7 to 0.9 under the simplified pipeline cannot lower NumPyro's NumPy constants")
+    import numpyro.distributions as dist
+    from numpyro.infer import MCMC, NUTS
+
+    X, y = _regression(3)
+
+    def model(x, y=None):
+        w = numpyro.sample("w", dist.Normal(jnp.zeros(32), 1.0))
+        numpyro.sample("y", dist.Normal(x @ w, 0.1), obs=y)
+
+    def lowered_per_run(x, y):
+        mcmc = MCMC(NUTS(model), num_warmup=10, num_samples=10)
+        counts, samples = [], []
+        for run in range(2):
+            with lowered_programs() as texts:
+                mcmc.run(jax.random.key(run), x, y=y)
+            counts.append(len(texts))
+            samples.append(np.asarray(mcmc.get_samples()["w"]))
+        return counts, samples
+
+    arrays, expected = lowered_per_run(jnp.asarray(X[:300]), jnp.asarray(y[:300]))
+    ours, got = lowered_per_run(FrozenConst(X[:300]), FrozenConst(y[:300]))
+    assert arrays[0] > 0 and arrays[1] == 0  # numpyro's own cache, with jax.Arrays
+    assert ours[0] > 0 and ours[1] == 0, ours
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_an_optimistix_solver_compiles_its_loss_without_the_data():

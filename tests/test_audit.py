@@ -111,6 +111,20 @@ def test_a_frozenconst_above_the_threshold_is_a_parameter_of_jax_jit_as_the_audi
     assert report.constants[0].in_program(report.pipeline) == ("parameter" if SIMPLIFIED else "embedded")
 
 
+def test_a_copy_a_step_handed_back_is_a_parameter_as_the_audit_says():
+    # A copy of a constant (a jitted step's output in its place), read by the audited function,
+    # is kept out as the constant is, and the audit says so: no advice to make it a FrozenConst.
+    with pytest.warns(frozenconst.FrozenConstWarning, match="put a copy"):
+        copy = jax.jit(lambda t: t)(FrozenConst(unique_data((64, 64))))
+    w = jnp.ones(64)
+    report = frozenconst.audit(jax.jit(lambda w: copy @ w), w)
+    (c,) = report.constants
+    assert (c.kind, c.parameter, c.in_program(report.pipeline)) == ("frozenconst", True, "parameter")
+    assert "No problems" in str(report)
+    passed = len(jax.jit(lambda t, w: t @ w).lower(jnp.asarray(copy), w).as_text())
+    assert len(jax.jit(lambda w: copy @ w).lower(w).as_text()) < passed + 200  # as it says
+
+
 def test_frozenconst_jit_keeps_the_data_out_of_the_program():
     table = FrozenConst(unique_data((512, 256)))
     report = frozenconst.audit(frozenconst.jit(_seed(table)), jnp.ones((256, 4)))

@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import frozenconst
 from frozenconst import FrozenConst, FrozenConstTypeError, FrozenConstValueError, TracedValueError
@@ -253,6 +255,60 @@ def test_unhashable_and_elementwise_equality():
     eq = x == np.array([1, 0, 3])
     assert isinstance(eq, jax.Array)
     np.testing.assert_array_equal(eq, [True, False, True])
+
+
+_KEYS = [
+    pytest.param(id, id="id"),  # numpyro's `MCMC` keys its compiled sampler so
+    pytest.param(lambda a: a.shape, id="shape"),
+    pytest.param(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), id="ShapeDtypeStruct"),
+    pytest.param(lambda a: np.asarray(a).tobytes(), id="bytes"),
+    pytest.param(lambda a: None, id="None"),
+]
+
+
+@pytest.mark.parametrize("key_of", _KEYS)
+def test_a_state_mapped_to_a_cache_key_is_a_key_as_with_a_jax_array_in_its_place(key_of):
+    table = FrozenConst(np.arange(6.0, dtype=np.float32).reshape(2, 3))
+    w = jnp.ones(3)
+    # The oracle: the same state with the constant's buffer, a jax.Array, in its place; a rerun
+    # maps the state again, and finds what the first run cached.
+    for state in ((w, jnp.asarray(table)), (w, table)):
+        cache = {jax.tree.map(key_of, state): "compiled"}
+        assert cache[jax.tree.map(key_of, state)] == "compiled"
+    ours = jax.tree.map(key_of, (w, table))
+    assert isinstance(ours[1], FrozenConst)  # a derived value stands in the constant's place
+    # ... and is its leaf: equal to it and hashed as it, as JAX asks of a pytree's aux data.
+    leaf = key_of(jnp.asarray(table))
+    assert ours[1] == leaf and hash(ours[1]) == hash(leaf)
+
+
+_HASHABLE = st.one_of(st.integers(), st.text(max_size=8), st.tuples(st.integers(), st.booleans()))
+
+
+@settings(max_examples=40, deadline=None)
+@given(leaf=_HASHABLE)
+def test_a_derived_value_hashes_and_compares_as_its_hashable_leaf(leaf):
+    derived = jax.tree.map(lambda a: leaf, FrozenConst(np.ones(2, np.float32)))
+    assert hash(derived) == hash(leaf) and derived == leaf
+    assert (derived != leaf) is False
+
+
+def test_a_derived_value_around_an_array_stays_unhashable_as_the_array_is():
+    table = FrozenConst(np.arange(3.0, dtype=np.float32))
+    with pytest.warns(frozenconst.FrozenConstWarning, match="put a copy"):
+        copy = jax.tree.map(lambda a: a + 1, table)
+    for unhashable in (copy, jax.tree.map(lambda a: [a.shape], table)):
+        with pytest.raises(TypeError, match="unhashable"):
+            hash(unhashable)
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(jnp.asarray(table) + 1)  # as a jax.Array is
+    jax.jit(lambda t: _unhashable_inside(t))(table)
+
+
+def _unhashable_inside(t):
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(jax.tree.map(lambda a: a * 2, t))  # around a traced value
+    return jnp.sum(t)
 
 
 @pytest.mark.host_memory

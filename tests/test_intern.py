@@ -2,6 +2,9 @@
 
 import gc
 import pickle
+import sys
+import threading
+import weakref
 
 import hypothesis.strategies as st
 import jax
@@ -106,3 +109,74 @@ def test_unpickling_with_no_twin_live_makes_a_new_constant():
     back = pickle.loads(blob)
     np.testing.assert_array_equal(np.asarray(back), data)
     assert not np.asarray(back).flags.writeable
+
+
+# Finding a live twin is one lookup: the table of live constants digests each constant at most
+# once, only where one of its shape and dtype is looked up, and forgets each as it dies. The
+# digests are counted where the table takes them (`_cache.fingerprint`), and the table's
+# contents are read from the table.
+
+
+def _count_digests(monkeypatch):
+    digested = []
+    real = _cache.fingerprint
+    monkeypatch.setattr(_cache, "fingerprint", lambda a: digested.append(a.shape) or real(a))
+    return digested
+
+
+def test_a_lookup_digests_each_constant_once_and_only_those_of_its_shape_and_dtype(monkeypatch):
+    digested = _count_digests(monkeypatch)
+    shape = (5, 3, 7)  # no other test's
+    alive = [FrozenConst(np.full(shape, i, np.float32)) for i in range(1000)]
+    others = [FrozenConst(np.full((7, 3, 5), i, np.float32)) for i in range(100)]
+    assert digested == []  # a plain construction digests nothing
+    frozenconst.intern(np.full(shape, -1, np.float32))
+    assert digested == [shape] * 1001  # the 1,000 of its shape and itself, once each
+    digested.clear()
+    for i in range(50):
+        frozenconst.intern(np.full(shape, -2 - i, np.float32))
+        pickle.loads(pickle.dumps(alive[i]))  # found: a handle on `alive[i]`
+    assert digested == [shape] * 100  # each call its own content, once: no scan
+    found = pickle.loads(pickle.dumps(alive[999]))
+    assert np.shares_memory(np.asarray(found), np.asarray(alive[999]))
+    assert (7, 3, 5) not in digested and len(others) == 100
+
+
+def test_a_hundred_thousand_interns_then_drops_leave_the_table_empty():
+    live, interned = _cache.STATE.live, frozenconst._intern.INTERNED.table
+    gc.collect()
+    before = (len(live.fresh) + len(live.filed), len(live.buckets), len(interned))
+    witnesses = []
+    for batch in range(100):
+        kept = [frozenconst.intern(np.full(3, batch * 1000 + i, np.float32)) for i in range(1000)]
+        witnesses.append(weakref.ref(kept[batch]._held()))  # one store of each batch
+        assert len(interned) >= before[2] + 1000  # all held while kept
+        del kept
+    gc.collect()
+    assert [w for w in witnesses if w() is not None] == []
+    assert (len(live.fresh) + len(live.filed), len(live.buckets), len(interned)) == before
+    # The table's own memory follows what it held at once (the constants alive before, and a
+    # batch), not the 100,000 it saw.
+    bound = sys.getsizeof(dict.fromkeys(range(4 * (before[0] + 1000))))
+    assert max(sys.getsizeof(t) for t in (live.fresh, live.filed, live.buckets)) <= bound, bound
+
+
+def test_threads_unpickling_one_content_share_one_constant():
+    data = unique_data((16, 16))
+    blob = pickle.dumps(FrozenConst(data))
+    gc.collect()
+    barrier = threading.Barrier(8)
+    results = [None] * 8
+
+    def load(i):
+        barrier.wait()
+        results[i] = pickle.loads(blob)
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first = np.asarray(results[0])
+    assert all(np.shares_memory(np.asarray(r), first) for r in results)
+    assert live_copies(data) <= 1
