@@ -815,7 +815,7 @@ def markdown(results: dict[str, Any], command: str) -> str:
         "",
         f"Produced by `{command}` in {results.get('wall_s', 0):.0f} s on:",
         "",
-        *[f"- {k}: {v}" for k, v in env.items()],
+        *[f"- {k}: {' '.join(str(v).split())}" for k, v in env.items()],
         "",
         (__doc__ or "").split("\n\n", 2)[2].strip(),
         "",

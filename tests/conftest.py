@@ -1,3 +1,4 @@
+import hashlib
 import os
 import re
 
@@ -71,6 +72,39 @@ def needs_raw_numpy_lowering():
     """For tests that make such a program on purpose (the guard's, the audit's): nothing to check without."""
     if not raw_numpy_lowers():
         pytest.skip(f"jax {jax.__version__} cannot lower a NumPy closure under this constant pipeline")
+
+
+def _shard():
+    """`FROZENCONST_SHARD=i/n` (1 <= i <= n): which of n shares of the suite this run takes."""
+    setting = os.environ.get("FROZENCONST_SHARD", "")
+    if not setting:
+        return None
+    index, _, count = setting.partition("/")
+    try:
+        shard = (int(index), int(count))
+    except ValueError:
+        shard = (0, 0)
+    if not 1 <= shard[0] <= shard[1]:
+        raise pytest.UsageError(
+            f"FROZENCONST_SHARD is {setting!r}: write i/n, 1 <= i <= n (2/3: the second of three)"
+        )
+    return shard
+
+
+def pytest_collection_modifyitems(config, items):
+    # A share of the suite (a lent accelerator runs it over several calls): every n-th test, by
+    # its id's digest, so that a share is the same set on every machine and in every order.
+    shard = _shard()
+    if shard is None:
+        return
+    index, count = shard
+    kept, dropped = [], []
+    for item in items:
+        digest = int(hashlib.sha256(item.nodeid.encode()).hexdigest(), 16)
+        (kept if digest % count == index - 1 else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def pytest_generate_tests(metafunc):

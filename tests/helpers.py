@@ -2,6 +2,7 @@
 
 import functools
 import gc
+import importlib.util
 import os
 import pathlib
 import signal
@@ -15,6 +16,8 @@ import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Where the frozenconst this process imports lives, found without importing it.
+_PACKAGE_HOME = pathlib.Path(importlib.util.find_spec("frozenconst").origin).resolve().parent.parent
 TIMEOUT_S = 240
 
 # -- what holds only on JAX's CPU backend ------------------------------------------
@@ -33,6 +36,9 @@ CPU_ONLY = {
     "(`jax_num_cpu_devices`), set before the backend starts, in a subprocess of their own",
     "subnormal flush": "XLA's CPU backend computes with subnormal floats flushed to zero; an "
     "accelerator's arithmetic may or may not",
+    "one arithmetic": "XLA's CPU backend compiled a library's program reading the data as its own "
+    "argument and the one closing over it to the same arithmetic; a TPU's compiler fused the two "
+    "programs otherwise, and a sampler's chain carried the last bits' difference to the 5th digit",
 }
 
 
@@ -66,7 +72,12 @@ def subprocess_env(platform=None):
     host memory (`CPU_ONLY["host RSS"]`).
     """
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    # The frozenconst this process imports first (the checkout's, or an installed wheel's where the
+    # suite runs against one), then the checkout (`examples`, `benchmarks`, `tests`), then the
+    # environment's own path (a machine may keep JAX there, as the lent TPU's image does).
+    env["PYTHONPATH"] = os.pathsep.join(
+        dict.fromkeys([str(_PACKAGE_HOME), str(ROOT), env.get("PYTHONPATH", "")])
+    )
     if platform is not None:
         assert platform == "cpu", platform
         env["JAX_PLATFORMS"] = "cpu"

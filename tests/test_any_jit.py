@@ -27,6 +27,7 @@ from helpers import (
     SIMPLIFIED,
     jax_donates_closed_over_buffers,
     live_copies,
+    on_cpu,
     program_parameters,
     raw_numpy_lowers,
     run_bounded,
@@ -506,8 +507,12 @@ def test_a_numpyro_sampler_compiles_its_log_density_without_the_observed_data():
     as_arguments, _ = run(jnp.asarray(X), jnp.asarray(y))
     plain, plain_size = run(closed=(jnp.asarray(X), jnp.asarray(y)))
     ours, our_size = run(closed=(FrozenConst(X), FrozenConst(y)))
-    np.testing.assert_array_equal(ours, as_arguments)  # the same samples, bit for bit
-    np.testing.assert_allclose(ours, plain, rtol=1e-4, atol=1e-5)
+    if on_cpu():  # CPU_ONLY["one arithmetic"]
+        np.testing.assert_array_equal(ours, as_arguments)  # the same samples, bit for bit
+        np.testing.assert_allclose(ours, plain, rtol=1e-4, atol=1e-5)
+    else:  # the same posterior
+        for other in (as_arguments, plain):
+            np.testing.assert_allclose(ours.mean(0), other.mean(0), rtol=1e-2, atol=1e-3)
     assert our_size < X.nbytes  # the sampler's programs hold none of the 250 KiB of data
     if not SIMPLIFIED:
         assert plain_size > 2 * X.nbytes  # ... where jax.Arrays are embedded, as JAX embeds them
@@ -597,7 +602,9 @@ def test_an_optimistix_solver_compiles_its_loss_without_the_data():
     as_arguments, _ = fit(lambda w, a: jnp.mean((a[0] @ w - a[1]) ** 2), (jnp.asarray(X), jnp.asarray(y)))
     plain, plain_size = fit(closed(jnp.asarray(X), jnp.asarray(y)), None)
     ours, our_size = fit(closed(FrozenConst(X), FrozenConst(y)), None)
-    np.testing.assert_array_equal(ours, as_arguments)
+    if on_cpu():  # CPU_ONLY["one arithmetic"]
+        np.testing.assert_array_equal(ours, as_arguments)
+    np.testing.assert_allclose(ours, as_arguments, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(ours, plain, rtol=1e-4, atol=1e-5)
     assert our_size < X.nbytes
     if not SIMPLIFIED:

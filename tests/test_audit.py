@@ -223,7 +223,7 @@ def test_pytest_fixture_through_the_plugin_entry_point(tmp_path):
             """
         )
     )
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_user.py")],
         capture_output=True,
@@ -238,7 +238,7 @@ def test_pytest_fixture_through_the_plugin_entry_point(tmp_path):
 
 @pytest.mark.subprocess
 def test_command_line_audit():
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     run = lambda *a: subprocess.run(
         [sys.executable, "-m", "frozenconst", "audit", *a],
         capture_output=True,

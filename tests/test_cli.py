@@ -107,7 +107,9 @@ IN_SUBPROCESS = ["arrays", "problems-fail", "pytrees", "no-shapes", "no-module",
 
 def _run(cwd, args):
     env = subprocess_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(cwd)])
+    # The checkout, the model's folder, then what the environment itself puts on the path (where
+    # a machine keeps JAX there, as the lent TPU's image does).
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(cwd), os.environ.get("PYTHONPATH", "")])
     return subprocess.run(
         [sys.executable, "-m", "frozenconst", "audit", *args],
         cwd=cwd,

@@ -115,6 +115,7 @@ def test_from_type_is_registered():
 
 @pytest.mark.subprocess
 def test_strategies_need_hypothesis(tmp_path):
+    import os
     import subprocess
     import sys
 
@@ -122,7 +123,9 @@ def test_strategies_need_hypothesis(tmp_path):
     blocker.write_text("raise ImportError('hypothesis is not installed (simulated)')\n")
     out = subprocess.run(
         [sys.executable, "-c", "import frozenconst.strategies"],
-        env={"PYTHONPATH": str(tmp_path), "PATH": ""},
+        # The blocker first; then what this process imports from (a machine may keep JAX and
+        # frozenconst on PYTHONPATH alone, as the lent TPU's image does).
+        env={"PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path[1:]]), "PATH": ""},
         capture_output=True,
         text=True,
         timeout=120,

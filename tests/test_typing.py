@@ -156,6 +156,6 @@ def test_sample_runs():
         text=True,
         cwd=ROOT,
         timeout=300,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])),
     )
     assert out.returncode == 0, out.stderr
