@@ -45,7 +45,7 @@ from ._convert import as_dtype, check_narrowing
 from ._dtypes import follows_x64, native
 from ._errors import FrozenConstWarning
 from ._fingerprint import fingerprint
-from ._frames import origin_module, user_stacklevel
+from ._frames import origin_module, user_stacklevel, warn_degraded
 from ._host import frozen_copy, human_bytes
 from ._host_memory import PAGEABLE, HostCopy, HostMemory, Residency, Resident, host_copy
 from ._targets import Target, as_sharding
@@ -313,6 +313,19 @@ def dtype_words(host_dtype: np.dtype[Any]) -> str:
 # placement of a constant whose device dtype x64 does not change, the setting alone
 # (`Store._by_device`). Several keys can resolve to one device buffer. `Store.array`
 # builds it, inlined there (the one place).
+
+
+def _weakly_typed(array: jax.Array) -> jax.Array:
+    """`array` marked weakly typed (a constant of a Python scalar), where this JAX can."""
+    marked: jax.Array | None = weakly_typed(array)
+    if marked is not None:
+        return marked
+    warn_degraded(  # pragma: no cover - every supported JAX takes it
+        f"frozenconst cannot mark a device buffer weakly typed on jax {jax.__version__}: a "
+        "FrozenConst of a Python scalar promotes as `jnp.asarray(np.float32(0.5))`, not as "
+        "`jnp.asarray(0.5)`. Give it the dtype you compute with."
+    )
+    return array  # pragma: no cover
 
 
 class Owners:
@@ -669,7 +682,7 @@ class Store:
                 if isinstance(fresh, Tracer):  # never cached: it would leak (see `_compat.eval_context`)
                     return fresh, False
                 if self.weak and not fresh.weak_type:
-                    fresh = weakly_typed(fresh)
+                    fresh = _weakly_typed(fresh)
                 old, array = array, fresh
                 self._made[made] = array
                 OWNERS.add(array, self)

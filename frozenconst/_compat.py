@@ -13,7 +13,6 @@ import os
 import re
 import sys
 import types
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,8 +23,6 @@ import jax.sharding
 import numpy as np
 from jax._src import config as _jax_config
 from jax.extend import source_info_util
-
-from ._errors import FrozenConstWarning
 
 if TYPE_CHECKING:
     # jaxlib ships no type information for its devices (`jax.Device` is a
@@ -47,14 +44,6 @@ else:
 
 def _state(name: str) -> Any:
     return getattr(_jax_config, name, None)
-
-
-# Where a fallback below keeps results right but costs something (a second
-# trace, a copy, memory), frozenconst says so once per process, at first need.
-@functools.cache
-def warn_degraded(message: str) -> None:
-    """Warn once, with a FrozenConstWarning, that a fallback for this JAX is in use."""
-    warnings.warn(message, FrozenConstWarning, stacklevel=3)
 
 
 class _Setting:
@@ -383,8 +372,9 @@ def uncommitted(array: Any) -> Any:
 # per-device buffers, committed=...)` wraps the same device buffers (the class `ArrayImpl`
 # above; jax 0.8.1 to 0.12, on one device and two). Fallback:
 # the strong array (the promotion of `jnp.asarray(np.float32(0.5))`), said once.
-def weakly_typed(array: Any) -> Any:
-    """`array` (a concrete `jax.Array`) marked weakly typed, over the same device buffers."""
+def weakly_typed(array: Any) -> Any | None:
+    """`array` (a concrete `jax.Array`) marked weakly typed, over the same device buffers; None
+    where this JAX cannot."""
     if ArrayImpl is not None:
         try:
             shards = [shard.data for shard in array.addressable_shards]
@@ -394,12 +384,7 @@ def weakly_typed(array: Any) -> Any:
             made = None
         if made is not None and made.weak_type:
             return made
-    warn_degraded(  # pragma: no cover - every supported JAX takes it
-        f"frozenconst cannot mark a device buffer weakly typed on jax {jax.__version__}: a "
-        "FrozenConst of a Python scalar promotes as `jnp.asarray(np.float32(0.5))`, not as "
-        "`jnp.asarray(0.5)`. Give it the dtype you compute with."
-    )
-    return array  # pragma: no cover
+    return None  # pragma: no cover - every supported JAX takes it
 
 
 # The concrete mesh set by `jax.set_mesh` (or, before jax 0.7.2, by the
@@ -696,15 +681,13 @@ _Jaxpr: Any = jax.extend.core.Jaxpr
 _UNIFIED = _ClosedJaxpr is _Jaxpr
 
 
-def simplified_hoists(value: Any) -> bool:
-    """Whether JAX's simplified pipeline passes a closed-over array to the executable rather than
-    embedding it: any non-scalar (jax 0.8, 0.9: `core.jaxpr_const_args`), of more than
-    `jax_embedded_constants_max_bytes` (from jax 0.10, default 32; `core.is_hoistable`)."""
-    if not np.shape(value):
-        return False
+def jax_embed_max_bytes() -> int:
+    """The most bytes of a closed-over array JAX's simplified pipeline embeds rather than passes to
+    the executable: `jax_embedded_constants_max_bytes` (from jax 0.10, default 32;
+    `core.is_hoistable`), -1 where this JAX has no such limit (jax 0.8, 0.9:
+    `core.jaxpr_const_args` passes any non-scalar)."""
     limit: int = getattr(jax.config, "jax_embedded_constants_max_bytes", -1)
-    nbytes: int = getattr(value, "nbytes", 4)
-    return nbytes > limit
+    return limit
 
 
 def numpy_of(value: Any) -> np.ndarray[Any, Any] | None:

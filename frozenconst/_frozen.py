@@ -284,6 +284,7 @@ class FrozenConst(_StaticBase):
 
     # What a rebuilt leaf becomes, and the derived-copy warning, live in `_derived` (`rebuild`):
     # bound here as the classmethod itself, so JAX calls it with no frame of its own between.
+    tree_unflatten: classmethod[FrozenConst, [None, Any], FrozenConst | np.ndarray[Any, Any]]
     tree_unflatten = classmethod(rebuild)
 
     # -- the device side -------------------------------------------------------

@@ -36,8 +36,9 @@ import jax
 import numpy as np
 from jax.sharding import Sharding, SingleDeviceSharding
 
-from ._compat import Device, Tracer, offers_pinned_host, uncommitted, warn_degraded
+from ._compat import Device, Tracer, offers_pinned_host, uncommitted
 from ._errors import FrozenConstTypeError, FrozenConstValueError
+from ._frames import warn_degraded
 
 HostMemory: TypeAlias = Literal["auto", "pinned", "pageable"]
 Residency: TypeAlias = Literal["device", "host"]

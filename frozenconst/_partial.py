@@ -24,10 +24,11 @@ from jax.sharding import Sharding, SingleDeviceSharding
 from numpy.typing import DTypeLike
 
 from ._cache import STATE, Store
-from ._compat import Device, warn_degraded
+from ._compat import Device
 from ._convert import as_dtype, check_narrowing, held_dtype, to_numpy
 from ._dtypes import check_dtype, native
 from ._errors import FrozenConstTypeError, FrozenConstValueError, NotAddressableError
+from ._frames import warn_degraded
 from ._host import freeze, freeze_parts, frozen_copy, human_bytes
 from ._host_memory import HostMemory
 from ._targets import Target

@@ -26,6 +26,7 @@ import pytest
 from helpers import (
     SIMPLIFIED,
     jax_donates_closed_over_buffers,
+    jax_passes,
     live_copies,
     on_cpu,
     program_parameters,
@@ -274,9 +275,9 @@ def test_lower_compile_and_donating_another_argument():
 def test_at_or_below_the_threshold_a_constant_stays_embedded_as_jax_embeds_it():
     small = FrozenConst(np.arange(256, dtype=np.float32))  # 1024 bytes
     lowered = jax.jit(lambda x: small * x).lower(jnp.ones(256))
-    # Whether JAX's simplified pipeline makes it a parameter depends on JAX's version: the
-    # package's one statement of that rule.
-    hoisted = SIMPLIFIED and frozenconst._compat.simplified_hoists(np.asarray(small))
+    # Whether JAX's simplified pipeline makes it a parameter depends on JAX's version: JAX's
+    # own lowering of a `jax.Array` in its place says.
+    hoisted = SIMPLIFIED and jax_passes(small)
     assert program_parameters(lowered) == 1 + hoisted
 
 

@@ -35,15 +35,15 @@ import frozenconst
 
 # A fallback runs only where `_compat` found no hook: replacing what it found is the only way
 # to reach one on a JAX that has them all.
-from frozenconst import FrozenConst, FrozenConstWarning, _cache, _compat, _host_memory, _targets
+from frozenconst import FrozenConst, FrozenConstWarning, _cache, _compat, _frames, _host_memory, _targets
 from frozenconst._refusals import JAX_LAX_REFUSES
 
 
 @pytest.fixture(autouse=True)
 def _fresh_warnings():
-    _compat.warn_degraded.cache_clear()
+    _frames.DEGRADED.forget()
     yield
-    _compat.warn_degraded.cache_clear()
+    _frames.DEGRADED.forget()
 
 
 def _degraded(record) -> list[str]:

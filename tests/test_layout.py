@@ -1,7 +1,8 @@
 """The package's shape: private modules in layers, each importing only modules below it.
 
 The order is CONTRIBUTING.md's "Where things are", bottom first. Imports needed
-only for annotations (under `if TYPE_CHECKING:`) do not count: they do not run.
+only for annotations (under `if TYPE_CHECKING:`) go down too: the house has no
+circle and no upward arrow.
 """
 
 import ast
@@ -13,11 +14,13 @@ PACKAGE = pathlib.Path(frozenconst.__file__).parent
 LAYERS = [
     ["_errors", "_fingerprint"],
     ["_compat"],
+    ["_frames"],
     ["_dtypes"],
     ["_convert"],
-    ["_host", "_host_memory", "_targets", "_frames", "_jaxprs"],
+    ["_host", "_host_memory", "_targets", "_jaxprs"],
     ["_cache", "_refusals"],
     ["_partial", "_derived", "_stats", "_budget"],
+    ["_plan"],
     ["_hoist"],
     ["_frozen"],
     ["_jit"],
@@ -39,14 +42,16 @@ CORE = [
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
 
-def _runtime_imports(path: pathlib.Path) -> set[str]:
-    """The package modules `path` imports when it runs."""
+def _runtime_imports(path: pathlib.Path, annotations: bool = False) -> set[str]:
+    """The package modules `path` imports when it runs (and, with `annotations`, for its
+    annotations only, under `if TYPE_CHECKING:`)."""
     tree = ast.parse(path.read_text())
     skipped = {
         id(node)
         for stmt in ast.walk(tree)
         if isinstance(stmt, ast.If) and ast.unparse(stmt.test) in {"TYPE_CHECKING", "typing.TYPE_CHECKING"}
         for node in ast.walk(stmt)
+        if not annotations
     }
     found = set()
     for node in ast.walk(tree):
@@ -71,6 +76,17 @@ def test_each_module_imports_only_modules_below_it():
         if imported in LEVEL and LEVEL[imported] >= LEVEL[path.stem] and path.stem != "__init__"
     }
     assert not upward, f"imports at or above their own layer: {sorted(upward)}"
+
+
+def test_no_import_goes_up_or_round_in_a_circle_even_for_annotations():
+    # The house has no circle: not even an import for a type checker reaches a module above.
+    upward = {
+        (path.stem, imported)
+        for path in PACKAGE.glob("*.py")
+        for imported in _runtime_imports(path, annotations=True)
+        if imported in LEVEL and LEVEL[imported] >= LEVEL[path.stem] and path.stem != "__init__"
+    }
+    assert not upward, f"imports (annotations' too) at or above their own layer: {sorted(upward)}"
 
 
 def test_the_core_imports_nothing_of_the_jit_the_tools_or_the_frameworks():
@@ -182,6 +198,7 @@ def test_the_check_sees_an_upward_import(tmp_path):
     module = tmp_path / "_cache.py"
     module.write_text("from ._jit import jit\nif TYPE_CHECKING:\n    from ._frozen import FrozenConst\n")
     assert _runtime_imports(module) == {"_jit"}
+    assert _runtime_imports(module, annotations=True) == {"_jit", "_frozen"}
     # And the other checks: a framework import, a `global`, a registration, a private module.
     module.write_text(
         "import flax.nnx\ndef f():\n    global X\n    jax.tree_util.register_pytree_node(A, g, h)\n"
