@@ -65,9 +65,9 @@ from ._jaxprs import hoist, walk, where
 from ._plan import Buffer, Decision, Lowering, plan
 
 # A FrozenConst of at most this many bytes stays embedded under JAX's default pipeline, as JAX
-# embeds any small array: each parameter adds to every call of the program (about 0.25 us on a
-# CPU, 0.6 us on a TPU v5e, `python -m benchmarks anyjit`), where an embedded small table costs
-# nothing per call, only its bytes in the program. 100 tables of 2 KiB as parameters cost 1.7x
+# embeds any small array: each parameter adds to every call of the program (about 0.3 to 0.4 us
+# on a CPU, 0.6 us on a TPU v5e, `python -m benchmarks anyjit`), where an embedded small table
+# costs nothing per call, only its bytes in the program. 100 tables of 2 KiB as parameters cost 3x
 # the embedded program per call on a CPU, 1,000 of them 6.4x on a TPU; embedded, 1,000 tables of
 # 4 KiB add 4 MiB to a program. `frozenconst.jit(f, embed_max_bytes=N)` sets another threshold
 # for its programs, and `frozenconst.audit` gives no advice below it.

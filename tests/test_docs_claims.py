@@ -279,6 +279,10 @@ def test_the_any_jit_figures_are_the_latest_runs():
         f"is at {span('default', closed, 'compile_vs_arguments')} "
         f"({span('simplified', closed, 'compile_vs_arguments')}): finding" in text
     )
+    assert (
+        f"and at {span('default', closed, 'call_vs_best_floor')} of the better floor "
+        f"({span('simplified', closed, 'call_vs_best_floor')})" in text
+    )
     both = [r["call_vs_arguments"] for r in rows if r["variant"] == ours]
     assert f"`frozenconst.jit` is the same program: {min(both):.2f}x to {max(both):.2f}x per call" in text
     # "the more constants, the cheaper against arguments": below the argument form from 10 on.
