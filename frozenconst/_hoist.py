@@ -528,7 +528,7 @@ def _undonated(args: Any, kwargs: Any) -> tuple[Any, Any]:
     every call and transferred again at every next use. Where the call is not
     found (an ahead-of-time `.lower()`), the donation stands, and the deleted buffer is met at
     the constant's next use (`Store._lost`)."""
-    kept = {index for index, value in donated_arguments() if buffer_owner(value) is not None}
+    kept = {index for index, value in donated_arguments() if store_of(value) is not None}
     if not kept:
         return args, kwargs
     hooks = HOISTING

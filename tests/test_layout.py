@@ -7,6 +7,9 @@ circle and no upward arrow.
 
 import ast
 import pathlib
+import re
+
+import pytest
 
 import frozenconst
 
@@ -171,6 +174,54 @@ def test_jaxs_private_modules_are_named_in_compat_alone():
     assert not found, found
 
 
+# The keep-out decision has one home (`_plan.plan`), and "is this array a constant's buffer?" one
+# lookup (`_hoist.store_of`): the three places that ask, a jit's lowering, the audit and export,
+# ask those two and read no table of owners themselves.
+_ASKERS = ["_hoist", "_audit", "_export"]
+_OWNER_TABLES = {"buffer_owner", "owner_of", "OWNER_REFS", "COPY_REFS", "RELICS"}
+
+
+def _names_read(function: ast.AST) -> set[str]:
+    return {node.id for node in ast.walk(function) if isinstance(node, ast.Name)}
+
+
+def _one_answer_each(path: pathlib.Path) -> tuple[bool, set[str]]:
+    """Whether the module at `path` calls `plan`, and the owner tables its functions read beside
+    `store_of` and `none_known` (the lookup itself, and the empty-tables fast path)."""
+    tree = ast.parse(path.read_text())
+    functions = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)]
+    asks = any("plan" in _names_read(f) for f in functions)
+    reads = {
+        f"{f.name}: {name}"
+        for f in functions
+        if f.name not in {"store_of", "none_known"}
+        for name in _names_read(f) & _OWNER_TABLES
+    }
+    return asks, reads
+
+
+def test_the_keep_out_decision_and_the_owner_lookup_each_have_one_home():
+    for name in _ASKERS:
+        asks, reads = _one_answer_each(PACKAGE / f"{name}.py")
+        assert asks, f"{name} decides what a program keeps out without `_plan.plan`"
+        assert not reads, f"{name} reads the owners' tables beside `store_of`: {sorted(reads)}"
+
+
+def test_the_home_check_sees_a_second_answer(tmp_path):
+    module = tmp_path / "_audit.py"
+    module.write_text("def kept(v):\n    return buffer_owner(v) is not None and v.nbytes > 4096\n")
+    assert _one_answer_each(module) == (False, {"kept: buffer_owner"})
+
+
+def test_no_block_of_the_hoist_is_above_radon_c():
+    # radon's cyclomatic complexity, C at most (11 to 20): `_hoist` is where a JAX upgrade that
+    # breaks the keep-out is read. radon is in the `lint` extra (`make lint`'s environment).
+    complexity = pytest.importorskip("radon.complexity", reason="radon is in the lint extra")
+    blocks = complexity.cc_visit((PACKAGE / "_hoist.py").read_text())
+    ranked = {f"{b.name}: {b.complexity}" for b in blocks if complexity.cc_rank(b.complexity) > "C"}
+    assert blocks and not ranked, sorted(ranked)
+
+
 def _picture_rows() -> list[set[str]]:
     """The modules on each row of docs/design/index.md's picture, top row first."""
     text = (PACKAGE.parent / "docs" / "design" / "index.md").read_text()
@@ -316,3 +367,46 @@ def test_comments_name_no_internal_issue():
     # The check can fail (the samples built so that this file does not match itself).
     samples = ["# (issue #" + "47 row 8)", "# Row " + "5: ...", "(#" + "35)"]
     assert all(pattern.search(sample) for sample in samples)
+
+
+# -- the tests' own map -------------------------------------------------------------------------
+_TESTS = pathlib.Path(__file__).parent
+_PRIVATE = re.compile(
+    r"^\s*(?:from frozenconst(?:\.(_\w+))? import (?:\(?\s*)?(_\w+)?|import frozenconst\.(_\w+))", re.M
+)
+
+
+def _reaches_private(path: pathlib.Path) -> bool:
+    return any(any(group) for group in _PRIVATE.findall(path.read_text()))
+
+
+def test_the_tests_readme_maps_every_file_and_each_private_reach():
+    text = (_TESTS / "README.md").read_text()
+    named = set(re.findall(r"`(test_\w+\.py)`", text))
+    files = {path.name for path in _TESTS.glob("test_*.py")}
+    assert files <= named, f"tests/README.md does not name {sorted(files - named)}"
+    assert named <= files, f"tests/README.md names files that are gone: {sorted(named - files)}"
+    reaches = text.split("## Private reaches", 1)[1]
+    listed = {
+        name
+        for row in reaches.splitlines()
+        if row.startswith("| `")
+        for name in re.findall(r"`(test_\w+\.py)`", row.split("|")[1])
+    }
+    private = {path.name for path in _TESTS.glob("test_*.py") if _reaches_private(path)}
+    assert private <= listed, (
+        f"private reaches without a reason in tests/README.md: {sorted(private - listed)}"
+    )
+
+
+def test_the_map_check_sees_a_private_reach(tmp_path):
+    module = tmp_path / "test_x.py"
+    module.write_text("import jax\nfrom frozenconst import FrozenConst\n")
+    assert not _reaches_private(module)
+    for line in (
+        "from frozenconst._cache import STATE",
+        "from frozenconst import _derived",
+        "import frozenconst._frozen",
+    ):
+        module.write_text(f"import jax\n    {line}\n")
+        assert _reaches_private(module), line
