@@ -11,7 +11,7 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from ._compat import SIMPLIFIED_CONSTANTS, numpy_of
+from ._compat_lowering import SIMPLIFIED_CONSTANTS, numpy_of
 from ._fingerprint import fingerprint
 from ._hoist import EMBED_MAX_BYTES, buffer_found, lowering_here, store_of
 from ._host import human_bytes

@@ -27,7 +27,8 @@ import jax
 import numpy as np
 
 from ._cache import Store, Use
-from ._compat import X64, exported_call_message, numpy_of
+from ._compat import X64
+from ._compat_lowering import exported_call_message, numpy_of
 from ._errors import FrozenConstRuntimeError, FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._fingerprint import fingerprint
 from ._frozen import FrozenConst, _sharding_state  # pyright: ignore[reportPrivateUsage]

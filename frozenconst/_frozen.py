@@ -14,12 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 from numpy.typing import ArrayLike, DTypeLike
 
 from ._cache import STATE, Placement, Store, live_twin
-from ._compat import (
-    DEFAULT_DEVICE,
-    ArrayImpl,
-    Tracer,
-    array_attributes,
-)
+from ._compat import DEFAULT_DEVICE, WEAK_TYPES, ArrayImpl, Tracer, array_attributes
 from ._derived import COPY, NO_LEAF, CopyMark, Derived, copy_record, know_copy, new_handle, rebuild
 from ._dtypes import check_conversion
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
@@ -45,9 +40,6 @@ _DL_CPU = 1
 _DLPACK_PLATFORMS = frozenset({"cpu", "gpu", "cuda", "rocm"})
 # `x.astype()` without a dtype: passed on as `jax.Array.astype()` takes it.
 _NO_DTYPE: Any = object()
-# The Python scalar types JAX types weakly (`jnp.asarray(0.5)`, `jnp.asarray(3)`, not
-# `jnp.asarray(True)`): exactly these types, as `jax._src.dtypes`' `_weak_types` lists them.
-_WEAK_TYPES = (int, float, complex)
 
 
 if TYPE_CHECKING:
@@ -169,7 +161,7 @@ class FrozenConst(_StaticBase):
             # Validated (bad kinds, values the dtype cannot hold, integers JAX
             # would wrap on the device under the current x64 setting), copied once.
             # A Python scalar without a dtype is weakly typed, as in `jnp.asarray(0.5)`.
-            weak = dtype is None and type(obj) in _WEAK_TYPES
+            weak = dtype is None and type(obj) in WEAK_TYPES
             store = Store(frozen_copy(obj, dtype), choice, weak=weak, residency=resides or "device")
         if declared is None:
             declared = store.home if sharding is None else store.declare(sharding)

@@ -1,6 +1,6 @@
 """Where it is decided that a compiled program keeps a FrozenConst out, or embeds it and says so.
 
-Every program JAX compiles is lowered once, through one function (`_compat.HOISTING.lower`):
+Every program JAX compiles is lowered once, through one function (`_compat_lowering.HOISTING.lower`):
 `jax.jit` functions and everything built on them (`eqx.filter_jit`, `nnx.jit`,
 `frozenconst.jit`, a library's own jit, `pmap`, eager `jax.numpy` calls), and `jax.export`.
 `lower` (installed by `_install`) looks at the program about to be lowered: each FrozenConst
@@ -42,14 +42,15 @@ import jax
 import numpy as np
 
 from ._cache import OWNER_REFS, Store
-from ._compat import (
+from ._compat import frame_at
+from ._compat_lowering import (
     HOISTING,
     SIMPLIFIED_CONSTANTS,
     Literal,
     clear_caches,
     closed_parts,
+    device_mismatch,
     donated_arguments,
-    frame_at,
     hoisted_values,
     is_program,
     jax_embed_max_bytes,
@@ -307,14 +308,13 @@ def _lower_owned(
 ) -> Any:
     hooks = HOISTING
     assert hooks is not None
-    parameters = kwargs.get("lowering_parameters")
-    if parameters != hooks.default_parameters:
-        exporting = bool(getattr(parameters, "for_export", False))
+    own = hooks.own_lowering(kwargs)
+    if own is not None:
         inputs = _lowering.exporting
-        if exporting and inputs is not None:
+        if own == "export" and inputs is not None:
             return _lower_for_export(original, found, inputs, closed, args, kwargs)
         # Someone's own lowering (`jax.export`: a serialized program carries its constants).
-        _warn(list(found.values()), "export" if exporting else "lowering")
+        _warn(list(found.values()), own)
         return original(closed, *args, **kwargs)
     mesh = hooks.devices_of(args, kwargs)
     keep_out, placed, donated = _planned(
@@ -326,7 +326,7 @@ def _lower_owned(
     try:
         return _held(original, found, closed, keep_out, placed, args, kwargs)
     except Exception as err:  # JAX refused the parameters (a device mismatch), or the user's error
-        refused, mismatch = _first_line(err), _mismatch(err)
+        refused, mismatch = _first_line(err), device_mismatch(err)
         del err  # its traceback holds this frame
     target = hooks.devices_of(args, kwargs, single=True) if mismatch else None
     if target is not None:
@@ -435,10 +435,7 @@ def _lower_for_export(
     if not keep_out:
         return original(closed, *args, **kwargs)
     program = closed if SIMPLIFIED_CONSTANTS else hoist(closed, keep_out)
-    kwargs = {
-        **hooks.keeping_inputs(kwargs),
-        "lowering_parameters": hooks.hoisting(kwargs["lowering_parameters"]),
-    }
+    kwargs = hooks.hoisting(hooks.keeping_inputs(kwargs))
     _lowering.keep_out, _lowering.stuck = keep_out, set()
     try:
         lowering = original(program, *args, **kwargs)
@@ -479,7 +476,7 @@ def _lowered(
             program = hoist(closed, keep_out, stuck=stuck)
         if hooks.discharge is None and mutates(closed_parts(closed)[0]):
             stuck.update(keep_out)  # JAX's tracing it again (`discharged`) embeds them all
-        kwargs = {**kwargs, "lowering_parameters": hooks.hoisting(kwargs["lowering_parameters"])}
+        kwargs = hooks.hoisting(kwargs)
     _lowering.keep_out, _lowering.stuck = keep_out, stuck
     try:
         return original(program, *args, **kwargs)
@@ -679,13 +676,8 @@ def _nbytes(value: Any) -> int:
     return nbytes
 
 
-def _mismatch(err: BaseException) -> bool:
-    """Whether `err` is JAX's refusal of an input placed on other devices than the program's."""
-    return "DeviceAssignmentMismatch" in type(err).__name__ or "incompatible devices" in str(err)
-
-
 def _first_line(err: BaseException) -> str:
-    if _mismatch(err):
+    if device_mismatch(err):
         return "it is committed to other devices than the program's"
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
@@ -737,7 +729,7 @@ _FIXES = {
 
 
 def observe_unhoisted(program: Any, embeds_literals: bool) -> None:
-    """Where this JAX offers no hoisting frozenconst can reach (`_compat.HOISTING` is None):
+    """Where this JAX offers no hoisting frozenconst can reach (`_compat_lowering.HOISTING` is None):
     warn of each FrozenConst above the threshold that a program JAX lowers embeds."""
     if none_known() or program is None:
         return

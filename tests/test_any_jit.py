@@ -759,9 +759,9 @@ def test_a_mutable_reference_beside_the_constant_keeps_it_out(form, jit):
 @pytest.mark.skipif(SIMPLIFIED, reason="JAX's simplified pipeline keeps a literal through the new trace")
 def test_where_the_pure_program_cannot_be_reached_the_embedded_constant_is_named(monkeypatch):
     # Reaches inside: a JAX whose lowering frozenconst cannot follow into the pure program it
-    # makes of one with references (`_compat.Hooks.discharge` missing) is simulated by putting
+    # makes of one with references (`_compat_lowering.Hooks.discharge` missing) is simulated by putting
     # JAX's own function back; the constant is then embedded, and said, with the fix.
-    from frozenconst._compat import HOISTING
+    from frozenconst._compat_lowering import HOISTING
 
     assert HOISTING is not None and HOISTING.discharge is not None
     monkeypatch.setattr(HOISTING.pxla, "_discharge_refs_jaxpr", HOISTING.discharge)

@@ -17,6 +17,7 @@ PACKAGE = pathlib.Path(frozenconst.__file__).parent
 LAYERS = [
     ["_errors", "_fingerprint"],
     ["_compat"],
+    ["_compat_lowering"],
     ["_frames"],
     ["_dtypes"],
     ["_convert"],
@@ -42,6 +43,11 @@ CORE = [
     "_targets",
     "_frames", "_jaxprs", "_cache", "_partial", "_derived", "_stats", "_budget", "_frozen",
 ]  # fmt: skip
+# JAX's internals split along the same line: the core's in `_compat`, the jit side's (lowering,
+# hoisting, export, program objects, JAX's messages) in `_compat_lowering`, which the core reads
+# only where it reads a program (`_jaxprs`) or JAX's words (`_refusals`).
+COMPAT = {"_compat", "_compat_lowering"}
+READS_LOWERING = {"_jaxprs", "_refusals"}
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
 
@@ -95,7 +101,10 @@ def test_no_import_goes_up_or_round_in_a_circle_even_for_annotations():
 def test_the_core_imports_nothing_of_the_jit_the_tools_or_the_frameworks():
     core = set(CORE)
     outside = {
-        (name, imported) for name in CORE for imported in _runtime_imports(PACKAGE / f"{name}.py") - core
+        (name, imported)
+        for name in CORE
+        for imported in _runtime_imports(PACKAGE / f"{name}.py") - core
+        if not (imported == "_compat_lowering" and name in READS_LOWERING)
     }
     assert not outside, f"core modules importing outside the core: {sorted(outside)}"
     frameworks = {"flax", "equinox", "optax", "orbax", "hypothesis", "pytest"}
@@ -136,6 +145,7 @@ _INSTALLING = {
     "register_array_type",
     "register_serialization_state",
     "exclude_package_frames",
+    "wrap_lowering",
 }
 
 
@@ -161,17 +171,99 @@ def test_only_install_changes_jaxs_state():
     assert not found, sorted(found)
 
 
-def test_jaxs_private_modules_are_named_in_compat_alone():
-    # A JAX-private module, imported or matched by name (a frame's module, a traceback's),
-    # lives in `_compat` with its reason, versions and fallback.
+def _names_jax_internals(path: pathlib.Path) -> list[str]:
+    """Where `path` names a JAX-private module outside a comment (an import, a string, `._src`)."""
     found = [
         f"{path.name}:{number}"
-        for path in sorted(PACKAGE.glob("*.py"))
-        if path.stem != "_compat"
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if "jax._src" in line and not line.lstrip().startswith("#")
     ]
+    tree = ast.parse(path.read_text())
+    attributes = [f"{path.name}:{n.lineno}" for n in ast.walk(tree) if getattr(n, "attr", "") == "_src"]
+    return sorted(set(found + attributes))
+
+
+def test_jaxs_private_modules_are_named_in_the_compat_modules_alone():
+    # A JAX-private module, imported or matched by name (a frame's module, a traceback's),
+    # lives in `_compat` (the core's) or `_compat_lowering` (the jit side's) with its reason,
+    # versions and fallback.
+    found = [
+        line
+        for path in sorted(PACKAGE.glob("*.py"))
+        if path.stem not in COMPAT
+        for line in _names_jax_internals(path)
+    ]
     assert not found, found
+    assert all(_names_jax_internals(PACKAGE / f"{name}.py") for name in COMPAT)
+
+
+# The texts of JAX's messages that frozenconst matches (its refusals of a FrozenConst where it
+# takes a `jax.Array`, of a non-array argument, of a deleted buffer, of an input on other devices;
+# a call of an exported program): each in `_compat_lowering` alone, with the versions it holds for.
+_JAX_TEXTS = (
+    "__jax_array__() during abstractification",
+    "Got FrozenConst(",
+    "got FrozenConst(",
+    "CustomNode(FrozenConst",
+    "<class 'frozenconst._frozen.FrozenConst'>",
+    "as an abstract array",
+    "valid JAX type",
+    "deleted",
+    "DeviceAssignmentMismatch",
+    "incompatible devices",
+    r"args\[(\d+)\]",
+    "args is a tuple of length",
+)
+
+
+def _reads_text(node: ast.AST, names: set[str]) -> bool:
+    """Whether `node` is an object's text: `str(x)`, `repr(x)`, `type(x).__name__`, or a name
+    bound to one of those."""
+    called = isinstance(node, ast.Call) and getattr(node.func, "id", "") in {"str", "repr"}
+    return (
+        called
+        or (isinstance(node, ast.Attribute) and node.attr == "__name__")
+        or getattr(node, "id", "") in names
+    )
+
+
+def _matches_jax_texts(path: pathlib.Path) -> list[str]:
+    """Where `path` holds one of `_JAX_TEXTS` (a string that is one, or that holds one of more than
+    one word) or matches words against an object's text (`"..." in str(err)`)."""
+    tree = ast.parse(path.read_text())
+    names = {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and _reads_text(node.value, set())
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            held = [t for t in _JAX_TEXTS if node.value == t or (not t.isidentifier() and t in node.value)]
+            found += [f"{path.name}:{node.lineno}: {t!r}" for t in held]
+        elif (
+            isinstance(node, ast.Compare)
+            and any(isinstance(op, ast.In | ast.NotIn) for op in node.ops)
+            and any(_reads_text(side, names) for side in node.comparators)
+        ):
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_jaxs_messages_are_read_in_compat_lowering_alone():
+    found = [
+        line
+        for path in sorted(PACKAGE.glob("*.py"))
+        if path.stem != "_compat_lowering"
+        for line in _matches_jax_texts(path)
+    ]
+    assert not found, found
+    lowering = (PACKAGE / "_compat_lowering.py").read_text()
+    assert [t for t in _JAX_TEXTS if t not in lowering] == [], (
+        "texts the list names, gone from _compat_lowering"
+    )
 
 
 # The keep-out decision has one home (`_plan.plan`), and "is this array a constant's buffer?" one
@@ -257,6 +349,27 @@ def test_the_check_sees_an_upward_import(tmp_path):
     )
     assert "flax" in _third_party(module) and "register_pytree_node" in _calls(module)
     assert any(isinstance(n, ast.Global) for n in ast.walk(ast.parse(module.read_text())))
+    assert _names_jax_internals(module) == ["_cache.py:5"]
+
+
+def test_the_compat_checks_see_a_jax_internal_and_a_jax_message(tmp_path):
+    # A JAX internal or a JAX message text outside the compat modules is found, in each form.
+    module = tmp_path / "_frozen.py"
+    module.write_text(
+        "from jax._src import dtypes\n"
+        "# jax._src.dtypes, in a comment: allowed\n"
+        "import jax\nCORE = jax._src\n"
+        "def f(err):\n"
+        "    text = str(err)\n"
+        "    if 'Mismatch' in type(err).__name__ or 'gone' in text or 'deleted' in str(err):\n"
+        "        return 'it is incompatible devices, said JAX'\n"
+    )
+    assert _names_jax_internals(module) == ["_frozen.py:1", "_frozen.py:4"]
+    found = "\n".join(_matches_jax_texts(module))
+    for words in ("__name__", "'gone' in text", "in str(err)", "'deleted'", "'incompatible devices'"):
+        assert words in found, (words, found)
+    module.write_text("def f(err):\n    return f'{err} was deleted or said nothing'\n")
+    assert _matches_jax_texts(module) == []  # a one-word text is one only whole
 
 
 # docs/design/index.md, "Words, one meaning each": the drift the code is checked for.
