@@ -35,10 +35,11 @@ from numpy.typing import DTypeLike
 
 from ._cache import OWNER_REFS, Store, owner_of
 from ._compat import DEBUG_CALLBACKS, DIFFERENTIATED, ArrayImpl, Tracer, frame_at
-from ._convert import to_numpy
+from ._convert import frozen_copy, to_numpy
 from ._errors import FrozenConstTypeError, FrozenConstWarning
 from ._frames import Said, find_user, raise_in
-from ._host import freeze, frozen_copy, human_bytes
+from ._host import HostPlan, freeze, human_bytes
+from ._host_memory import HostMemory, Residency
 
 # Taken by a derived value making its frozen copy (`Derived.frozen`).
 _FROZEN_LOCK = threading.Lock()
@@ -109,7 +110,8 @@ class Derived:
             with _FROZEN_LOCK:  # one copy, whichever thread asks first
                 store = getattr(self, "copy_store", None)
                 if store is None:
-                    store = self.copy_store = Store(freeze(to_numpy(self.leaf, None)))
+                    array = to_numpy(self.leaf, None)  # as it is: nothing to convert or check
+                    store = self.copy_store = Store(freeze(HostPlan(array, array.dtype)))
         return store
 
     def whole(self, what: str) -> np.ndarray[Any, Any]:
@@ -134,9 +136,17 @@ class Derived:
         """What the leaf is, in words, without its data: kind, dtype, shape and size."""
         return describe_leaf(self.leaf)
 
-    def with_dtype(self, dtype: DTypeLike | None) -> Store:
-        """The store of `FrozenConst(x, dtype)`: a frozen copy of the leaf."""
-        return Store(frozen_copy(self.leaf, dtype, "the `FrozenConst` it received"))
+    def remade(
+        self,
+        dtype: DTypeLike | None,
+        choice: HostMemory,
+        host_memory: HostMemory | None,
+        residency: Residency | None,
+    ) -> Store:
+        """The store of `FrozenConst(x, dtype, ...)`: a frozen copy of the leaf, on the device
+        unless asked."""
+        host = frozen_copy(self.leaf, dtype, "the `FrozenConst` it received")
+        return Store(host, choice, residency=residency or "device")
 
     def describe(self) -> str:
         """The derived value's `repr`."""

@@ -20,8 +20,8 @@ LAYERS = [
     ["_compat_lowering"],
     ["_frames"],
     ["_dtypes"],
-    ["_convert"],
     ["_host", "_host_memory", "_targets", "_jaxprs"],
+    ["_convert"],
     ["_cache", "_refusals"],
     ["_partial", "_derived", "_stats", "_budget"],
     ["_plan"],
@@ -96,6 +96,14 @@ def test_no_import_goes_up_or_round_in_a_circle_even_for_annotations():
         if imported in LEVEL and LEVEL[imported] >= LEVEL[path.stem] and path.stem != "__init__"
     }
     assert not upward, f"imports (annotations' too) at or above their own layer: {sorted(upward)}"
+
+
+def test_the_host_copy_decides_nothing_and_never_asks_back():
+    # A construction is decided once, in `_convert.host_plan`, and `_host.freeze` carries the
+    # plan out: the copy imports neither the conversion nor the dtype rules, for annotations
+    # neither, so the walk of a construction goes one way.
+    assert not _runtime_imports(PACKAGE / "_host.py", annotations=True) & {"_convert", "_dtypes"}
+    assert "_host" in _runtime_imports(PACKAGE / "_convert.py")
 
 
 def test_the_core_imports_nothing_of_the_jit_the_tools_or_the_frameworks():
