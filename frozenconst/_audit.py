@@ -11,12 +11,12 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from ._compat import SIMPLIFIED_CONSTANTS, numpy_of, simplified_hoists
-from ._derived import buffer_owner
+from ._compat_lowering import SIMPLIFIED_CONSTANTS, numpy_of
 from ._fingerprint import fingerprint
-from ._hoist import EMBED_MAX_BYTES, RELICS
+from ._hoist import EMBED_MAX_BYTES, buffer_found, lowering_here, store_of
 from ._host import human_bytes
 from ._jaxprs import walk, where
+from ._plan import Decision, plan
 from ._refusals import refused_as_array
 
 Kind = Literal["numpy", "jax", "frozenconst"]
@@ -256,22 +256,26 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
         raise refused from err
     found: dict[object, dict[str, Any]] = {}
     order: list[object] = []
+    here = lowering_here()
     for value, eqn in walk(closed):
         key = _identity(value)
         entry = found.get(key)
         if entry is None:
             kind: Kind = "numpy"
+            owner = store_of(value) if isinstance(value, jax.Array) else None
             if isinstance(value, jax.Array):
                 # A constant's buffer, or a known copy's (kept out as a constant is), or a relic:
                 # the buffer of a constant the function made, dead since the trace.
-                kind = "frozenconst" if buffer_owner(value) is not None or RELICS.of(value) else "jax"
+                kind = "frozenconst" if owner is not None else "jax"
             entry = found[key] = {
                 "kind": kind,
                 **_describe(value),
                 "uses": 0,
                 "first_use": where(eqn),
                 "sliced_bytes": 0,
-                "parameter": kind == "frozenconst" and _kept_out(value),
+                # What any jit's lowering of it decides (`_plan`), at the default threshold.
+                "parameter": owner is not None
+                and plan(buffer_found(value, owner), here) is not Decision.EMBED,
             }
             order.append(key)
         entry["uses"] += 1
@@ -292,17 +296,6 @@ def _identity(value: Any) -> object:
     if array is None:
         return id(value)
     return (array.__array_interface__["data"][0], array.shape, array.dtype.str, array.strides)
-
-
-def _kept_out(value: Any) -> bool:
-    """Whether the FrozenConst buffer `value` is a parameter of every program that uses it."""
-    owner: Any = buffer_owner(value)
-    if owner is None:
-        owner = RELICS.of(value)
-    if owner is None or owner.volatile:
-        return False
-    nbytes: int = getattr(value, "nbytes", 0)
-    return simplified_hoists(value) if SIMPLIFIED_CONSTANTS else nbytes > EMBED_MAX_BYTES
 
 
 def _describe(value: Any) -> dict[str, Any]:

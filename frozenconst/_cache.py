@@ -41,13 +41,13 @@ from ._compat import (
     tracing,
     weakly_typed,
 )
-from ._convert import as_dtype, check_narrowing
-from ._dtypes import follows_x64, native
+from ._convert import as_dtype, check_narrowing, frozen_copy
+from ._dtypes import follows_x64, held_dtype, native
 from ._errors import FrozenConstWarning
 from ._fingerprint import fingerprint
-from ._frames import origin_module, user_stacklevel
-from ._host import frozen_copy, human_bytes
-from ._host_memory import PAGEABLE, HostCopy, HostMemory, Residency, Resident, host_copy
+from ._frames import origin_module, user_stacklevel, warn_degraded
+from ._host import human_bytes
+from ._host_memory import PAGEABLE, HostCopy, HostMemory, Residency, Resident, host_copy, residency_choice
 from ._targets import Target, as_sharding
 
 _REPR_MAX_ELEMENTS = 64
@@ -292,19 +292,9 @@ def set_accounting(enabled: bool) -> None:
     STATE.accounting = bool(enabled)
 
 
-def device_dtype(host_dtype: np.dtype[Any]) -> np.dtype[Any]:
-    """The dtype JAX gives data of `host_dtype` now: narrower without x64 (float64 to float32).
-
-    Read at each call, so it follows `jax.enable_x64` contexts and config changes
-    as the device buffers do (`Store.array` keys them on the x64 setting).
-    """
-    dtype: np.dtype[Any] = jax.dtypes.canonicalize_dtype(host_dtype)
-    return dtype
-
-
 def dtype_words(host_dtype: np.dtype[Any]) -> str:
     """The dtypes a `repr` shows: `dtype=` what JAX computes with, `host_dtype=` where the host's differs."""
-    dtype = device_dtype(host_dtype)
+    dtype = held_dtype(host_dtype)
     return f"dtype={dtype}" if dtype == host_dtype else f"dtype={dtype}, host_dtype={host_dtype}"
 
 
@@ -313,6 +303,19 @@ def dtype_words(host_dtype: np.dtype[Any]) -> str:
 # placement of a constant whose device dtype x64 does not change, the setting alone
 # (`Store._by_device`). Several keys can resolve to one device buffer. `Store.array`
 # builds it, inlined there (the one place).
+
+
+def _weakly_typed(array: jax.Array) -> jax.Array:
+    """`array` marked weakly typed (a constant of a Python scalar), where this JAX can."""
+    marked: jax.Array | None = weakly_typed(array)
+    if marked is not None:
+        return marked
+    warn_degraded(  # pragma: no cover - every supported JAX takes it
+        f"frozenconst cannot mark a device buffer weakly typed on jax {jax.__version__}: a "
+        "FrozenConst of a Python scalar promotes as `jnp.asarray(np.float32(0.5))`, not as "
+        "`jnp.asarray(0.5)`. Give it the dtype you compute with."
+    )
+    return array  # pragma: no cover
 
 
 class Owners:
@@ -503,13 +506,13 @@ class Store:
         """The dtype JAX computes this constant's data with now (`x.dtype`), kept per x64 setting.
 
         JAX reads `x.dtype` in its own calls (`jnp.add(x, 1)`), so this is on the
-        cache-hit path: a list index, where `device_dtype` canonicalizes afresh
+        cache-hit path: a list index, where `held_dtype` canonicalizes afresh
         (`python -m benchmarks compare`, "cache hit jnp.add(x, 1)").
         """
         x64: bool = X64.value
         found = self.device_dtypes[x64]
         if found is None:
-            found = self.device_dtypes[x64] = device_dtype(self.dtype)
+            found = self.device_dtypes[x64] = held_dtype(self.dtype)
         return found
 
     @property
@@ -579,12 +582,25 @@ class Store:
         """This store: `what` (an operation, in words) needs a constant, and this is one."""
         return self
 
-    def with_dtype(self, dtype: DTypeLike | None) -> Store:
-        """The store of `FrozenConst(x, dtype)`: this one where the dtype is the same (no copy)."""
-        if dtype is None or native(as_dtype(dtype)) == self.dtype:
-            return self
-        host = self.whole(f"FrozenConst(x, dtype={dtype!r})")
-        return Store(frozen_copy(host, dtype, "the `FrozenConst` it received"))
+    def remade(
+        self,
+        dtype: DTypeLike | None,
+        choice: HostMemory,
+        host_memory: HostMemory | None,
+        residency: Residency | None,
+    ) -> Store:
+        """The store of `FrozenConst(x, dtype, host_memory=..., residency=...)` (`choice`: `host_memory`
+        checked): this one where nothing changes (no copy), else a store of its frozen copy, or of
+        one in `dtype`, placed in host memory as any new constant is; residing where it does,
+        unless asked. A dtype asked for makes it strongly typed, as `jnp.asarray(a, dtype)` does."""
+        resides = residency_choice(self.residency, host_memory) if residency is None else residency
+        if dtype is not None and native(as_dtype(dtype)) != self.dtype:
+            host = self.whole(f"FrozenConst(x, dtype={dtype!r})")
+            return Store(frozen_copy(host, dtype, "the `FrozenConst` it received"), choice, residency=resides)
+        if dtype is not None and self.weak:
+            return Store(self.host, choice, residency=resides)
+        store = self if resides == self.residency else self.in_residency(resides)
+        return store if host_memory is None else store.in_host_memory(choice)
 
     def describe(self) -> str:
         """The constant's `repr`: the host values, and the dtype JAX computes with (`dtype_words`)."""
@@ -595,7 +611,7 @@ class Store:
             shape = f", shape={host.shape}" if host.size == 0 else ""
             weak = ", weak_type=True" if self.weak else ""  # as a `jax.Array`'s repr says it
             return f"FrozenConst({body}{shape}, {dtype}{weak})"
-        nbytes = host.size * device_dtype(host.dtype).itemsize  # `x.nbytes`: what JAX holds
+        nbytes = host.size * held_dtype(host.dtype).itemsize  # `x.nbytes`: what JAX holds
         return f"FrozenConst(shape={host.shape}, {dtype}, nbytes={human_bytes(nbytes)})"
 
     # -- the device side -------------------------------------------------------
@@ -669,7 +685,7 @@ class Store:
                 if isinstance(fresh, Tracer):  # never cached: it would leak (see `_compat.eval_context`)
                     return fresh, False
                 if self.weak and not fresh.weak_type:
-                    fresh = weakly_typed(fresh)
+                    fresh = _weakly_typed(fresh)
                 old, array = array, fresh
                 self._made[made] = array
                 OWNERS.add(array, self)

@@ -1,25 +1,27 @@
-"""A user's value turned into a NumPy array, checked before anything is copied.
+"""A user's value checked, and every decision of its construction made once (`host_plan`).
 
 `to_numpy` refuses what JAX could not hold or would change silently: traced
 values, masked arrays, strings, arrays other processes hold, Python ints beyond
-int64, ragged sequences, dtypes this JAX cannot hold. `value_check` and
-`check_castable` decide whether a conversion by `dtype=` keeps every value;
-`check_narrowing`, whether JAX's narrowing of 64-bit integers on the device
-(without `jax_enable_x64`) would. The copy itself is `_host`'s.
+int64, ragged sequences. `host_plan` refuses dtypes this JAX cannot hold, decides
+the dtype the host holds and the weak type, and chooses the checks: `value_check`
+(with `check_castable`), whether a conversion by `dtype=` keeps every value;
+`narrowing_check`, whether JAX's narrowing of 64-bit integers on the device
+(without `jax_enable_x64`) would. All in one `_host.HostPlan`, which
+`_host.freeze` carries out: the copy never asks back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ._compat import Tracer
-from ._dtypes import check_dtype, check_numeric, int_range, numeric_kind
+from ._compat import WEAK_TYPES, Tracer
+from ._dtypes import check_dtype, check_numeric, held_dtype, int_range, native, numeric_kind
 from ._errors import FrozenConstTypeError, FrozenConstValueError, TracedValueError
+from ._host import Check, HostPlan, freeze
 
 # NumPy refuses deeper nesting anyway; the scan of nested sequences stops there.
 _MAX_NESTING = 64
@@ -47,9 +49,64 @@ def _out_of_range(values: np.ndarray[Any, Any], lo: int, hi: int) -> Any:
     return high if not high < hi + 1 else None
 
 
-def value_check(
-    from_dtype: np.dtype[Any], to_dtype: np.dtype[Any], what: str
-) -> Callable[[np.ndarray[Any, Any]], None] | None:
+def host_plan(obj: Any, dtype: DTypeLike | None = None, what: str | None = None) -> HostPlan:
+    """Every decision of `FrozenConst(obj, dtype)`, made once, before anything is copied.
+
+    `obj` is validated (`to_numpy`). The host holds `dtype`, or without it the dtype
+    `jnp.asarray(obj)` holds under the x64 setting now (float64 as float32 without
+    x64), so the host holds what JAX computes with; a Python scalar without `dtype`
+    is weakly typed, as in `jnp.asarray(0.5)`. Refused, block by block as `freeze`
+    copies: a conversion that would change a value's integer (out of the dtype's
+    range, NaN or infinite to an integer type), and integers JAX would wrap on the
+    device under the current `jax_enable_x64`. Python data (scalars, nested
+    sequences) is converted element by element, as `np.asarray(obj, dtype=dtype)`
+    and `jnp.asarray` do (a Python int goes to float32 through a Python float),
+    once every value is known to fit.
+
+    Examples:
+        >>> import numpy as np
+        >>> host_plan([1.5, 2.5], np.int8).source
+        array([1, 2], dtype=int8)
+        >>> host_plan([300], np.uint8)
+        Traceback (most recent call last):
+        ...
+        frozenconst.FrozenConstValueError: FrozenConst cannot convert the `list` it received to `uint8`: ...
+    """
+    what = f"the `{type(obj).__name__}` it received" if what is None else what
+    array = to_numpy(obj, dtype, what)
+    if dtype is None:
+        check_dtype(array.dtype, what)
+        held = held_dtype(array.dtype)
+    else:
+        check_numeric(array.dtype, what)  # converted, any numbers will do (float6 data to float32)
+        asked = np.dtype(dtype)  # `to_numpy` refused a bad one
+        check_dtype(asked, what, requested=True)
+        held = native(asked)
+    check = None
+    if held != array.dtype:
+        check_castable(array.dtype, held, what)  # some pairs of ml_dtypes types have no conversion
+        # Without `dtype=`, the conversion is JAX's narrowing (int64 to int32 without x64), said as such.
+        check = (value_check if dtype is not None else narrowing_check)(array.dtype, held, what)
+        if isinstance(obj, (list, tuple, int, float, complex)):
+            if check is not None:
+                check(array)
+            try:
+                array, check = np.asarray(obj, dtype=held), None
+            except (OverflowError, ValueError, TypeError) as err:  # pragma: no cover - checked above
+                message = f"FrozenConst cannot convert {what} to `{held}` ({err})."
+                raise FrozenConstValueError(message) from err
+    weak = dtype is None and type(obj) in WEAK_TYPES
+    # Without `dtype=` the host holds JAX's own dtype, which narrows no further.
+    held_check = None if dtype is None else narrowing_check(held, held_dtype(held), what)
+    return HostPlan(array, held, weak, check, held_check)
+
+
+def frozen_copy(obj: Any, dtype: DTypeLike | None = None, what: str | None = None) -> np.ndarray[Any, Any]:
+    """What `FrozenConst(obj, dtype)` holds: planned (`host_plan`), then copied once and frozen."""
+    return freeze(host_plan(obj, dtype, what))
+
+
+def value_check(from_dtype: np.dtype[Any], to_dtype: np.dtype[Any], what: str) -> Check | None:
     """How to check, block by block, that converting `from_dtype` data to `to_dtype` keeps
     every value (None when every value converts), or raise when no value would."""
     s, t = numeric_kind(from_dtype), numeric_kind(to_dtype)
@@ -107,28 +164,9 @@ def value_check(
     return check
 
 
-def held_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
-    """The dtype `jnp.asarray` holds data of `dtype` in under the x64 setting now: without
-    x64, float64 as float32, int64 as int32, uint64 as uint32, complex128 as complex64.
-
-    Examples:
-        >>> import numpy as np
-        >>> held_dtype(np.dtype(np.float64)), held_dtype(np.dtype(np.float16))   # x64 off
-        (dtype('float32'), dtype('float16'))
-    """
-    held: np.dtype[Any] = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
-    return held
-
-
 def check_narrowing(host: np.ndarray[Any, Any], device_dtype: DTypeLike, what: str = "its host data") -> None:
-    """Raise unless JAX can transfer `host` as `device_dtype` without changing a value's integer.
-
-    Without `jax_enable_x64`, JAX narrows int64 data to int32 and uint64 to
-    uint32 on the device, wrapping every value outside the narrow range
-    (`jax.device_put(np.array([2**40]))` holds 0). Float narrowing (float64 to
-    float32) is allowed: it rounds, as `jnp.asarray` does, and values beyond
-    float32's range become infinities. Cheap when nothing narrows; otherwise
-    one pass over the data (for 64-bit integers only).
+    """Raise unless JAX can transfer `host` as `device_dtype` without changing a value's integer
+    (`narrowing_check`, run on the whole of `host`).
 
     Examples:
         >>> import numpy as np
@@ -138,24 +176,41 @@ def check_narrowing(host: np.ndarray[Any, Any], device_dtype: DTypeLike, what: s
         ...
         frozenconst.FrozenConstValueError: FrozenConst cannot put its host data on a device as int32: ...
     """
-    device = np.dtype(device_dtype)
-    if device == host.dtype or numeric_kind(device) != "i" or numeric_kind(host.dtype) != "i":
-        return
+    check = narrowing_check(host.dtype, np.dtype(device_dtype), what)
+    if check is not None:
+        check(host)
+
+
+def narrowing_check(held: np.dtype[Any], device: np.dtype[Any], what: str) -> Check | None:
+    """How to check, block by block, that JAX can transfer data held as `held` as `device`
+    without changing a value's integer (None when every value transfers as it is).
+
+    Without `jax_enable_x64`, JAX narrows int64 data to int32 and uint64 to
+    uint32 on the device, wrapping every value outside the narrow range
+    (`jax.device_put(np.array([2**40]))` holds 0). Float narrowing (float64 to
+    float32) is allowed: it rounds, as `jnp.asarray` does, and values beyond
+    float32's range become infinities.
+    """
+    if device == held or numeric_kind(device) != "i" or numeric_kind(held) != "i":
+        return None
     lo, hi = int_range(device)
-    src_lo, src_hi = int_range(host.dtype)
+    src_lo, src_hi = int_range(held)
     if lo <= src_lo and src_hi <= hi:
-        return
-    bad = _out_of_range(host, lo, hi)
-    if bad is None:
-        return
-    raise FrozenConstValueError(
-        f"FrozenConst cannot put {what} on a device as {device}: it holds the {host.dtype} value "
-        f"{bad}, outside {device}'s range ({lo} to {hi}). JAX narrows {host.dtype} to {device} "
-        "while `jax_enable_x64` is off, and would wrap that value silently (`jnp.asarray` raises "
-        "OverflowError for such a Python int). Turn x64 on (`jax.config.update('jax_enable_x64', "
-        "True)`), or convert the data to a dtype that holds it on the device (for example "
-        "`dtype=np.float32`, which rounds)."
-    )
+        return None
+
+    def check(block: np.ndarray[Any, Any]) -> None:
+        bad = _out_of_range(block, lo, hi)
+        if bad is not None:
+            raise FrozenConstValueError(
+                f"FrozenConst cannot put {what} on a device as {device}: it holds the {held} value "
+                f"{bad}, outside {device}'s range ({lo} to {hi}). JAX narrows {held} to {device} "
+                "while `jax_enable_x64` is off, and would wrap that value silently (`jnp.asarray` "
+                "raises OverflowError for such a Python int). Turn x64 on (`jax.config.update("
+                "'jax_enable_x64', True)`), or convert the data to a dtype that holds it on the "
+                "device (for example `dtype=np.float32`, which rounds)."
+            )
+
+    return check
 
 
 _PLAIN = frozenset({float, bool, complex})
@@ -205,17 +260,14 @@ def _masked(what: str) -> FrozenConstTypeError:
 
 
 def to_numpy(obj: Any, dtype: DTypeLike | None, what: str | None = None) -> np.ndarray[Any, Any]:
-    """Turn a user's value into a NumPy array of its own dtype (a view where possible), validated.
-
-    With `dtype`, that dtype must be one JAX holds and the array must hold
-    numbers (of any dtype NumPy converts from); `freeze` converts. `what` names
-    the value in messages (default: its type).
+    """Turn a user's value into a NumPy array of its own dtype (a view where possible), refusing
+    what NumPy would lose or JAX refuses of its kind. A bad `dtype` is refused in its turn;
+    whether JAX holds the dtypes is `host_plan`'s question. `what` names the value in messages
+    (default: its type).
     """
     what = f"the `{type(obj).__name__}` it received" if what is None else what
     if type(obj) is np.ndarray and dtype is None:
-        # The common case, without the checks that cannot apply to it.
-        check_dtype(obj.dtype, what)
-        return obj
+        return obj  # the common case, without the checks that cannot apply to it
     if not isinstance(obj, (np.ndarray, jax.Array)) and hasattr(type(obj), "__jax_array__"):
         # As `jnp.asarray(obj)` takes it (JEP 28661): the array it stands for,
         # frozen. One that stands for a traced value is refused below.
@@ -242,13 +294,14 @@ def to_numpy(obj: Any, dtype: DTypeLike | None, what: str | None = None) -> np.n
             "this process. Gather it first, for example with "
             "`jax.experimental.multihost_utils.process_allgather`."
         )
-    want = None if dtype is None else as_dtype(dtype)
+    if dtype is not None:
+        as_dtype(dtype)
     if isinstance(obj, (list, tuple)):
         _check_leaves(obj, what)
     elif isinstance(obj, int) and not isinstance(obj, np.integer):
         _check_python_int(obj, what)
     try:
-        arr = np.asarray(obj)
+        return np.asarray(obj)
     except (ValueError, OverflowError) as err:
         raise FrozenConstValueError(
             f"FrozenConst could not turn {what} into a rectangular array of numbers ({err}). "
@@ -260,12 +313,6 @@ def to_numpy(obj: Any, dtype: DTypeLike | None, what: str | None = None) -> np.n
             f"FrozenConst could not turn {what} into an array ({err}). Pass a NumPy array, a "
             "`jax.Array`, a scalar or a nested sequence of numbers."
         ) from err
-    if want is None:
-        check_dtype(arr.dtype, what)
-    else:
-        check_numeric(arr.dtype, what)
-        check_dtype(want, what, requested=True)
-    return arr
 
 
 def as_dtype(dtype: DTypeLike) -> np.dtype[Any]:

@@ -26,7 +26,7 @@ import threading
 import types
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import jax
 import numpy as np
@@ -35,13 +35,11 @@ from numpy.typing import DTypeLike
 
 from ._cache import OWNER_REFS, Store, owner_of
 from ._compat import DEBUG_CALLBACKS, DIFFERENTIATED, ArrayImpl, Tracer, frame_at
-from ._convert import to_numpy
+from ._convert import frozen_copy, to_numpy
 from ._errors import FrozenConstTypeError, FrozenConstWarning
-from ._frames import find_user, raise_in
-from ._host import freeze, frozen_copy, human_bytes
-
-if TYPE_CHECKING:
-    from ._frozen import FrozenConst
+from ._frames import Said, find_user, raise_in
+from ._host import HostPlan, freeze, human_bytes
+from ._host_memory import HostMemory, Residency
 
 # Taken by a derived value making its frozen copy (`Derived.frozen`).
 _FROZEN_LOCK = threading.Lock()
@@ -112,7 +110,8 @@ class Derived:
             with _FROZEN_LOCK:  # one copy, whichever thread asks first
                 store = getattr(self, "copy_store", None)
                 if store is None:
-                    store = self.copy_store = Store(freeze(to_numpy(self.leaf, None)))
+                    array = to_numpy(self.leaf, None)  # as it is: nothing to convert or check
+                    store = self.copy_store = Store(freeze(HostPlan(array, array.dtype)))
         return store
 
     def whole(self, what: str) -> np.ndarray[Any, Any]:
@@ -137,9 +136,17 @@ class Derived:
         """What the leaf is, in words, without its data: kind, dtype, shape and size."""
         return describe_leaf(self.leaf)
 
-    def with_dtype(self, dtype: DTypeLike | None) -> Store:
-        """The store of `FrozenConst(x, dtype)`: a frozen copy of the leaf."""
-        return Store(frozen_copy(self.leaf, dtype, "the `FrozenConst` it received"))
+    def remade(
+        self,
+        dtype: DTypeLike | None,
+        choice: HostMemory,
+        host_memory: HostMemory | None,
+        residency: Residency | None,
+    ) -> Store:
+        """The store of `FrozenConst(x, dtype, ...)`: a frozen copy of the leaf, on the device
+        unless asked."""
+        host = frozen_copy(self.leaf, dtype, "the `FrozenConst` it received")
+        return Store(host, choice, residency=residency or "device")
 
     def describe(self) -> str:
         """The derived value's `repr`."""
@@ -282,8 +289,8 @@ NO_LEAF = _NoLeaf()
 NO_LEAF.leaf = None
 
 
-class _Told:
-    """What the derived-copy warning has said since Python's warning filters last changed.
+class _Told(Said):
+    """What the derived-copy warning has said since Python's warning filters last changed (`Said`).
 
     A call site is `(id(code), instruction)`: by the code object's id, not the object,
     because Python hashes a code object from its contents on every lookup, which cost more
@@ -295,19 +302,14 @@ class _Told:
     user's call), more where a library's code is between (equinox's `filter_jit`, NNX,
     optax). Either way a copy made there again is decided by a lookup and a frame read,
     before any stack walk or formatting, so a step rebuilding 26 constants pays for none of
-    it. `filters`: the list of filters all were kept under;
-    `warnings.catch_warnings` replaces that list, as Python then forgets what it has shown,
-    and so do these.
+    it.
     """
 
-    __slots__ = ("codes", "filters", "last", "lines", "site", "sites")
+    __slots__ = ("codes", "last", "lines", "site", "sites")
 
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
+    def forget(self) -> None:
         """Forget everything said: Python's warning filters changed."""
-        self.filters: object = warnings.filters
+        super().forget()
         self.lines: set[tuple[int, int]] = set()
         self.sites: dict[tuple[int, int], list[tuple[int, tuple[int, int]]]] = {}
         self.codes: dict[int, types.CodeType] = {}
@@ -324,7 +326,7 @@ class _Told:
 # The user lines kept per call site of JAX's tree functions (`_Told.sites`), the latest last.
 _LINES_PER_SITE = 8
 
-# What the warning has said: one object, reset in place where the filters changed.
+# What the warning has said: one object, forgotten in place where the filters changed.
 TOLD = _Told()
 
 
@@ -335,8 +337,8 @@ def note_derived_copy(leaf: Any, caller: types.FrameType, node: type) -> None:
     `tree_map`). Called by `FrozenConst.tree_unflatten` where its checks of `told` (inlined
     there: `_Told.last`, then `_Told.sites`) did not decide the copy, or the filters changed."""
     told = TOLD
-    if told.filters is not warnings.filters:
-        told.reset()
+    if told.stale():
+        told.forget()
     site = (id(caller.f_code), caller.f_lasti)
     # A site reached from several user lines in turn (`jax.tree.map` called from two helpers,
     # two `eqx.filter_jit` steps): each line it was reached from is kept, and found again by
@@ -448,7 +450,20 @@ def _in_debug_callback(caller: types.FrameType) -> bool:
     return above is not None and above.f_globals.get("__name__") in DEBUG_CALLBACKS
 
 
-def rebuild(cls: type[FrozenConst], aux_data: None, children: Any) -> FrozenConst | np.ndarray[Any, Any]:
+class Handle(Protocol):
+    """What `rebuild` fills: a FrozenConst handle (`_frozen`, above this module), by its slots."""
+
+    _store: Store | Derived
+    _sharding: Sharding | CopyMark | None
+
+    @classmethod
+    def _of(cls: type[_H], store: Store | Derived, sharding: Sharding | None = None) -> _H: ...
+
+
+_H = TypeVar("_H", bound=Handle)
+
+
+def rebuild(cls: type[_H], aux_data: None, children: Any) -> _H | np.ndarray[Any, Any]:
     """Rebuild a FrozenConst from a leaf (`FrozenConst.tree_unflatten`).
 
     From the constant's own cached buffer (passed through `jit`, rebuilt by
@@ -489,7 +504,7 @@ def rebuild(cls: type[FrozenConst], aux_data: None, children: Any) -> FrozenCons
             return leaf  # type: ignore[return-value]  # the value `jax.debug.print` shows, as a `jax.Array`
         told = TOLD
         code, lasti = told.last
-        if caller.f_code is not code or caller.f_lasti != lasti or told.filters is not warnings.filters:
+        if caller.f_code is not code or caller.f_lasti != lasti or told.stale():
             # A site reached through a library's code (equinox's `filter_jit` rebuilding its
             # outputs, `eqx.combine`'s `tree_map`: four copies per step of an equinox
             # fine-tuning step), decided where the user's line it was reached from last is the one
@@ -504,7 +519,7 @@ def rebuild(cls: type[FrozenConst], aux_data: None, children: Any) -> FrozenCons
                     depth, (user_code, user_lasti) = known[-1]
                     if depth:
                         told.site = (caller.f_code, caller.f_lasti, depth, user_code, user_lasti)
-            if depth < 0 or told.filters is not warnings.filters:
+            if depth < 0 or told.stale():
                 note_derived_copy(leaf, caller, cls)
             elif not depth:
                 told.last = (caller.f_code, caller.f_lasti)  # the user's own line, told before

@@ -1,4 +1,4 @@
-"""Which dtypes the installed JAX holds, and what kind of numbers a dtype holds.
+"""Which dtypes the installed JAX holds, in which it holds data now, and what numbers a dtype holds.
 
 The candidates are the dtypes `jax.numpy` names; whether this JAX can hold one
 is decided once per dtype (`supported`), by a transfer to its default device
@@ -185,6 +185,22 @@ _NARROWED_WITHOUT_X64: frozenset[np.dtype[Any]] = frozenset(
 def follows_x64(dtype: np.dtype[Any]) -> bool:
     """Whether JAX holds data of `dtype` in another dtype when x64 is off than when it is on."""
     return dtype in _NARROWED_WITHOUT_X64
+
+
+def held_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """The dtype JAX holds data of `dtype` in under the x64 setting now (`jnp.asarray`'s, and a
+    constant's on the device), in this machine's byte order: without x64, float64 as float32,
+    int64 as int32, uint64 as uint32, complex128 as complex64. Read at each call, so it follows
+    `jax.enable_x64`.
+
+    Examples:
+        >>> import numpy as np
+        >>> held_dtype(np.dtype(np.float64)), held_dtype(np.dtype(np.float16))   # x64 off
+        (dtype('float32'), dtype('float16'))
+    """
+    # `canonicalize_dtype` narrows only the native byte order (`>f8` stays `>f8` without x64).
+    held: np.dtype[Any] = np.dtype(jax.dtypes.canonicalize_dtype(native(dtype)))
+    return held
 
 
 def _suggestion(dtype: np.dtype[Any]) -> str:

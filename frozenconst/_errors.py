@@ -54,9 +54,11 @@ class NotAddressableError(FrozenConstValueError):
 class FrozenConstRuntimeError(RuntimeError):
     """Raised when `frozenconst` cannot finish what was asked, for reasons of the run, not of a value.
 
-    Example: a [`frozenconst.jit`][frozenconst.jit] call whose every trace met
-    constants it did not know (`jax.clear_caches()` running again and again
-    during the call).
+    Examples: a constant that does not fit the device budget beside the constants
+    in use; a program [`save`][frozenconst.Exported.save] cannot write, or one
+    [`load`][frozenconst.load] cannot call on this JAX; an
+    [`export`][frozenconst.export] whose lowering on this JAX cannot keep the
+    constants out.
     """
 
 
@@ -76,8 +78,11 @@ class CapturedNumpyConstantError(AssertionError):
 
 
 class FrozenConstWarning(UserWarning):
-    """Warns that frozenconst cannot do part of what was asked on this JAX version, and which
-    part; or that a name used is deprecated, and what replaces it.
+    """Warns, once per line of your code, of what costs memory or time that you can fix:
+    a FrozenConst a program embeds (and why, and the fix), a copy of a constant a step
+    handed back, a constant's device buffer deleted behind frozenconst's back, a
+    fallback of this JAX or machine (page-locked memory refused), or a deprecated name
+    and what replaces it. Said again once the warning filters change.
 
     Example: [`no_numpy_constants`][frozenconst.no_numpy_constants] on a JAX
     whose compilations it cannot see checks nothing, and says so.

@@ -26,17 +26,19 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._cache import OWNER_REFS, Store, Use
-from ._compat import X64, exported_call_message, numpy_of
+from ._cache import Store, Use
+from ._compat import X64
+from ._compat_lowering import exported_call_message, numpy_of
 from ._errors import FrozenConstRuntimeError, FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
 from ._fingerprint import fingerprint
 from ._frozen import FrozenConst, _sharding_state  # pyright: ignore[reportPrivateUsage]
-from ._hoist import EMBED_MAX_BYTES, export_inputs
+from ._hoist import EMBED_MAX_BYTES, buffer_found, export_inputs, lowering_here, store_of
 from ._host import ALIGNMENT, human_bytes
 from ._host_memory import host_memory_choice
 from ._intern import intern
 from ._jaxprs import walk, where
 from ._partial import spans_processes
+from ._plan import Decision, plan
 
 # The manifest's format: a loader reads formats up to its own, and refuses newer ones.
 FORMAT = 1
@@ -341,13 +343,15 @@ def _found(
     first met), and the other arrays above it that it closes over."""
     constants: dict[int, FrozenConst] = {}
     embedded: dict[int, tuple[str, str, int, str | None]] = {}
+    exporting = lowering_here(embed_max_bytes, exporting=True)
     for value, eqn in walk(closed):
         key = id(value)
         if key in constants or key in embedded:
             continue
         use = _owner(value)
         nbytes = int(np.prod(np.shape(value))) * np.dtype(value.dtype).itemsize
-        if nbytes <= embed_max_bytes:
+        # What `frozenconst.export`'s lowering decides (`_plan`), of any array above the threshold.
+        if plan(buffer_found(value, None if use is None else use[0], nbytes), exporting) is Decision.EMBED:
             continue
         if use is not None and not getattr(use[0], "weak", False):
             constants[key] = FrozenConst._of(*use)  # pyright: ignore[reportPrivateUsage] - the constant whose buffer this is
@@ -361,9 +365,8 @@ def _found(
 
 def _owner(value: Any) -> Use | None:
     """The constant whose cached buffer `value` is (its store and declared sharding), or None."""
-    ref = OWNER_REFS.get(id(value))
-    store = None if ref is None else ref()
-    return None if store is None else store.sharding_of(value)
+    store = store_of(value)
+    return store.sharding_of(value) if isinstance(store, Store) else None
 
 
 def _sharding_of(value: jax.Array) -> Any:

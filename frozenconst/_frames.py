@@ -18,9 +18,11 @@ from __future__ import annotations
 import sys
 import threading
 import types
+import warnings
 from typing import Any
 
 from ._compat import JIT_MODULE, PACKAGE_DIR, frame_at, jax_filtered, traceback_filtering
+from ._errors import FrozenConstWarning
 
 # The packages whose frames are never the user's line: JAX, frozenconst, NumPy (a `__array__`
 # or `__dlpack__` that warns is called from NumPy's code), and the libraries that compile,
@@ -78,6 +80,76 @@ def origin_module() -> str:
     user, _, _ = find_user(frame_at(1))
     name: str = user.f_globals.get("__name__", "")
     return "" if library_of(user) else name
+
+
+# -- said once ----------------------------------------------------------------------------------
+
+
+class Said:
+    """The one "said once" rule every warning follows: what was said is forgotten where Python's
+    warning filters change, as Python forgets what its registries showed. A warning ignored
+    under one filter is said under the next, and one told before a filter makes it an error
+    is raised then: no test's filters decide what another's see.
+
+    The filters change by replacing the list (`warnings.catch_warnings`), or in place: every
+    `simplefilter`, `filterwarnings` (each puts a new entry first, or appends one) and
+    `resetwarnings`; `filters`, their length and first entry, read at `stale`, notice each.
+    A subclass keeps what it said and forgets it in `forget`.
+    """
+
+    __slots__ = ("filters", "first", "length")
+
+    def __init__(self) -> None:
+        self.forget()
+
+    def forget(self) -> None:
+        """Forget everything said, under the filters in force now."""
+        filters = warnings.filters
+        self.filters, self.length, self.first = filters, len(filters), filters[0] if filters else None
+
+    def stale(self) -> bool:
+        """Whether the filters changed since what is kept was said (then `forget` it)."""
+        filters = warnings.filters
+        return (
+            filters is not self.filters
+            or len(filters) != self.length
+            or (filters[0] if filters else None) is not self.first
+        )
+
+
+class _Messages(Said):
+    """The messages said since the filters last changed."""
+
+    __slots__ = ("lock", "said")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        super().__init__()
+
+    def forget(self) -> None:
+        super().forget()
+        self.said: set[str] = set()
+
+    def new(self, message: str) -> bool:
+        with self.lock:
+            if self.stale():
+                self.forget()
+            return message not in self.said
+
+
+DEGRADED = _Messages()
+
+
+def warn_degraded(message: str) -> None:
+    """Warn, with a FrozenConstWarning naming the user's line, that a fallback for this JAX or
+    this machine is in use: said once (`Said`), at first need, where it keeps results right but
+    costs something (a second trace, a copy, memory)."""
+    if not DEGRADED.new(message):
+        return
+    warnings.warn(message, FrozenConstWarning, stacklevel=user_stacklevel())
+    # Shown first, recorded after: a warning raised as an error is said again next time.
+    with DEGRADED.lock:
+        DEGRADED.said.add(message)
 
 
 # A frame of the user's code, with the instruction and line it was at when recorded (the

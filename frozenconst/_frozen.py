@@ -20,12 +20,13 @@ from ._compat import (
     Tracer,
     array_attributes,
 )
+from ._convert import frozen_copy, host_plan
 from ._derived import COPY, NO_LEAF, CopyMark, Derived, copy_record, know_copy, new_handle, rebuild
 from ._dtypes import check_conversion
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
-from ._host import frozen_copy
+from ._host import freeze
 from ._host_memory import HostMemory, Residency, host_memory_choice, residency_choice
-from ._partial import as_shape, from_callback, from_source, lazily_sliceable, spans_processes
+from ._partial import as_shape, from_callback, from_source
 from ._stats import ConstStats, const_stats
 from ._targets import Target, as_sharding
 
@@ -45,9 +46,6 @@ _DL_CPU = 1
 _DLPACK_PLATFORMS = frozenset({"cpu", "gpu", "cuda", "rocm"})
 # `x.astype()` without a dtype: passed on as `jax.Array.astype()` takes it.
 _NO_DTYPE: Any = object()
-# The Python scalar types JAX types weakly (`jnp.asarray(0.5)`, `jnp.asarray(3)`, not
-# `jnp.asarray(True)`): exactly these types, as `jax._src.dtypes`' `_weak_types` lists them.
-_WEAK_TYPES = (int, float, complex)
 
 
 if TYPE_CHECKING:
@@ -142,35 +140,18 @@ class FrozenConst(_StaticBase):
         choice = host_memory_choice(host_memory)
         resides = None if residency is None else residency_choice(residency, host_memory)
         if isinstance(obj, FrozenConst):
-            # The same store where the dtype is the same (no copy), else a frozen
-            # copy, placed in host memory as any new constant is.
-            held = obj._held()
-            # Where the source resides, unless asked otherwise (a derived value: on the device).
-            if resides is None:
-                resides = residency_choice(getattr(held, "residency", "device"), host_memory)
-            store = held.with_dtype(dtype)
-            if store is not held or (dtype is not None and store.weak):
-                # (A dtype asked for makes it strongly typed, as `jnp.asarray(a, dtype)` does.)
-                store = Store(store.host, choice, residency=resides)
-            else:
-                if resides != store.residency:
-                    store = store.in_residency(resides)
-                if host_memory is not None:
-                    store = store.in_host_memory(choice)
-        elif (
-            sharding is not None
-            and lazily_sliceable(obj)
-            and spans_processes(declared := as_sharding(sharding, np.shape(obj)))
-        ):
-            # A memory-mapped source placed across processes: this process
-            # freezes only the slices its devices address.
-            store = from_source(obj, dtype, declared, host_memory=choice)  # type: ignore[arg-type]
+            # The same store where nothing changes (no copy), else a frozen copy.
+            store = obj._held().remade(dtype, choice, host_memory, resides)
         else:
-            # Validated (bad kinds, values the dtype cannot hold, integers JAX
-            # would wrap on the device under the current x64 setting), copied once.
-            # A Python scalar without a dtype is weakly typed, as in `jnp.asarray(0.5)`.
-            weak = dtype is None and type(obj) in _WEAK_TYPES
-            store = Store(frozen_copy(obj, dtype), choice, weak=weak, residency=resides or "device")
+            # Validated, its dtype, weak type and checks decided once (`host_plan`), then
+            # copied once: whole, or, for a memory-mapped source placed across processes,
+            # only the slices this process's devices address.
+            plan = host_plan(obj, dtype)
+            partial = from_source(plan, sharding, choice)
+            if partial is None:
+                store = Store(freeze(plan), choice, weak=plan.weak, residency=resides or "device")
+            else:
+                store, declared = partial, partial.home
         if declared is None:
             declared = store.home if sharding is None else store.declare(sharding)
         self._init(store, declared)
@@ -284,6 +265,7 @@ class FrozenConst(_StaticBase):
 
     # What a rebuilt leaf becomes, and the derived-copy warning, live in `_derived` (`rebuild`):
     # bound here as the classmethod itself, so JAX calls it with no frame of its own between.
+    tree_unflatten: classmethod[FrozenConst, [None, Any], FrozenConst | np.ndarray[Any, Any]]
     tree_unflatten = classmethod(rebuild)
 
     # -- the device side -------------------------------------------------------
@@ -949,12 +931,6 @@ def with_live_twin(x: FrozenConst) -> FrozenConst:
         return x
     declared = x._declared()  # pyright: ignore[reportPrivateUsage]
     return FrozenConst._of(twin, twin.home if declared is None else declared)  # pyright: ignore[reportPrivateUsage]
-
-
-def adopt_host(host: np.ndarray[Any, Any]) -> FrozenConst:
-    """A constant over `host`, a buffer `frozen_copy` made, no further copy, in the default
-    host memory."""
-    return FrozenConst._of(Store(host, host_memory_choice(None)))  # pyright: ignore[reportPrivateUsage] - its own class's constructor
 
 
 def content_key(x: FrozenConst) -> tuple[str, bool]:

@@ -158,7 +158,7 @@ class _NoNumpyConstants(contextlib.ContextDecorator):
         if not observe(guard.observer):
             warnings.warn(
                 f"frozenconst.no_numpy_constants cannot see the programs jax {jax.__version__} "
-                "compiles (no lowering hook in frozenconst._compat for this version): "
+                "compiles (no lowering hook in frozenconst._compat_lowering for this version): "
                 "nothing inside this block is checked",
                 FrozenConstWarning,
                 stacklevel=2,

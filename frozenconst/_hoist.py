@@ -1,6 +1,6 @@
 """Where it is decided that a compiled program keeps a FrozenConst out, or embeds it and says so.
 
-Every program JAX compiles is lowered once, through one function (`_compat.HOISTING.lower`):
+Every program JAX compiles is lowered once, through one function (`_compat_lowering.HOISTING.lower`):
 `jax.jit` functions and everything built on them (`eqx.filter_jit`, `nnx.jit`,
 `frozenconst.jit`, a library's own jit, `pmap`, eager `jax.numpy` calls), and `jax.export`.
 `lower` (installed by `_install`) looks at the program about to be lowered: each FrozenConst
@@ -42,25 +42,28 @@ import jax
 import numpy as np
 
 from ._cache import OWNER_REFS, Store
-from ._compat import (
+from ._compat import frame_at
+from ._compat_lowering import (
     HOISTING,
     SIMPLIFIED_CONSTANTS,
     Literal,
     clear_caches,
     closed_parts,
+    device_mismatch,
     donated_arguments,
-    frame_at,
     hoisted_values,
     is_program,
+    jax_embed_max_bytes,
     mutates,
     numpy_of,
     rewire_hoisted,
 )
 from ._derived import COPY_REFS, Derived, buffer_owner
 from ._errors import FrozenConstRuntimeError, FrozenConstWarning
-from ._frames import user_stacklevel
+from ._frames import Said, user_stacklevel
 from ._host import human_bytes
 from ._jaxprs import hoist, walk, where
+from ._plan import Buffer, Decision, Lowering, plan
 
 # A FrozenConst of at most this many bytes stays embedded under JAX's default pipeline, as JAX
 # embeds any small array: each parameter adds to every call of the program (about 0.3 to 0.4 us
@@ -194,6 +197,35 @@ RELICS = _Relics()
 Owner = Store | Derived | _Relic
 
 
+def store_of(value: object) -> Owner | None:
+    """Whose buffer `value` is: a live constant's, a known copy's (`buffer_owner`), or a dead
+    constant's that something still holds (`RELICS`); None for any other value. The one answer to
+    "is this array a constant's buffer?", but for the cache hit's measured fast path
+    (`_derived.rebuild`, marked there)."""
+    owner: Owner | None = buffer_owner(value)
+    return owner if owner is not None else RELICS.of(value)
+
+
+def none_known() -> bool:
+    """Whether no array is a constant's buffer now: every program lowers as JAX lowers it."""
+    return not OWNER_REFS and not COPY_REFS and not RELICS.found
+
+
+def lowering_here(threshold: int = EMBED_MAX_BYTES, **how: bool) -> Lowering:
+    """A lowering in this process under JAX's constant pipeline, with `threshold` (`_plan`)."""
+    return Lowering(SIMPLIFIED_CONSTANTS, threshold, jax_embed_max_bytes(), **how)
+
+
+def buffer_found(value: Any, owner: Owner | None = None, nbytes: int | None = None) -> Buffer:
+    """What `_plan` reads of `value`, a buffer of `owner` (or another array a program uses)."""
+    return Buffer(
+        _nbytes(value) if nbytes is None else nbytes,
+        not getattr(value, "shape", ()),
+        owner is not None and owner.volatile,
+        bool(getattr(value, "committed", False)),
+    )
+
+
 def meet_losses() -> bool:
     """Meet each loss of a buffer a compiled program holds (deleted behind frozenconst's back: a
     program compiled ahead of time donated it, `jnp.asarray(x).delete()`): each made again, and
@@ -224,7 +256,7 @@ def lower(original: Callable[..., Any], closed: Any, *args: Any, **kwargs: Any) 
         options = _options()
         if options.fun is not None and not options.named and not SIMPLIFIED_CONSTANTS:
             _name_embedded(closed, options)
-        if not OWNER_REFS and not COPY_REFS and not RELICS.found:
+        if none_known():
             return original(closed, *args, **kwargs)
         found = _owned(closed)
         if HOISTING.donates(args, kwargs):
@@ -255,11 +287,9 @@ def _owned(closed: Any, literals: bool = SIMPLIFIED_CONSTANTS) -> dict[int, _Use
             key = id(value)
             use = found.get(key)
             if use is None:
-                owner: Owner | None = buffer_owner(value)
+                owner = store_of(value)
                 if owner is None:
-                    owner = RELICS.of(value)
-                    if owner is None:
-                        continue
+                    continue
                 found[key] = _Use(value, owner, where(eqn))
             elif use.line is None:
                 use.line = where(eqn)
@@ -278,69 +308,30 @@ def _lower_owned(
 ) -> Any:
     hooks = HOISTING
     assert hooks is not None
-    parameters = kwargs.get("lowering_parameters")
-    if parameters != hooks.default_parameters:
-        exporting = bool(getattr(parameters, "for_export", False))
+    own = hooks.own_lowering(kwargs)
+    if own is not None:
         inputs = _lowering.exporting
-        if exporting and inputs is not None:
+        if own == "export" and inputs is not None:
             return _lower_for_export(original, found, inputs, closed, args, kwargs)
         # Someone's own lowering (`jax.export`: a serialized program carries its constants).
-        _warn(list(found.values()), "export" if exporting else "lowering")
+        _warn(list(found.values()), own)
         return original(closed, *args, **kwargs)
-    # A constant whose buffer was deleted behind our back (`volatile`) is embedded, said where
-    # the loss was met (`Store._lost`), not again in each program that embeds it.
-    # One that follows the default device, in a program over several devices, is given as its
-    # buffer replicated over them (made once per constant and mesh, `Store.array`), not the
-    # default buffer JAX would copy to them for every program.
     mesh = hooks.devices_of(args, kwargs)
-    keep_out: dict[int, Any] = {}
-    placed: dict[int, Any] = {}
-    donated = False
-    for key, use in found.items():
-        if use.store.volatile:
-            donated = True
-        elif SIMPLIFIED_CONSTANTS or _nbytes(use.value) > options.embed_max_bytes:
-            value = use.value
-            if mesh is not None and not value.committed:
-                value = placed[key] = _placed(use.store, mesh)
-            keep_out[id(value)] = value
+    keep_out, placed, donated = _planned(
+        found, lowering_here(options.embed_max_bytes, mesh=mesh is not None), mesh
+    )
     if not keep_out and not (SIMPLIFIED_CONSTANTS and donated):
         # (Under the simplified pipeline JAX would hoist a donated constant: `const_args` embeds it.)
         return original(closed, *args, **kwargs)
-    stuck: set[int] = set()
     try:
-        lowered = _lowered(original, closed, keep_out, placed, args, kwargs, stuck)
+        return _held(original, found, closed, keep_out, placed, args, kwargs)
     except Exception as err:  # JAX refused the parameters (a device mismatch), or the user's error
-        refused, mismatch = _first_line(err), _mismatch(err)
+        refused, mismatch = _first_line(err), device_mismatch(err)
         del err  # its traceback holds this frame
-    else:
-        HOLDERS.add([u.store for k, u in found.items() if id(placed.get(k, u.value)) in keep_out])
-        _warn_stuck(found, placed, stuck)
-        return lowered
     target = hooks.devices_of(args, kwargs, single=True) if mismatch else None
     if target is not None:
-        # A constant committed elsewhere than the program runs (`x.on(d1)` in a program on d0):
-        # the same data placed where the program runs (once per constant and device), as a
-        # parameter, where JAX's default pipeline would embed it.
-        moved = dict(placed)
-        for key, use in found.items():
-            value = placed.get(key, use.value)
-            if id(value) in keep_out and value.sharding.device_set != target.device_set:
-                moved[key] = _placed(use.store, target)
-        kept = {
-            id(moved.get(k, u.value)): moved.get(k, u.value)
-            for k, u in found.items()
-            if id(placed.get(k, u.value)) in keep_out
-        }
-        stuck = set()
-        try:
-            lowered = _lowered(original, closed, kept, moved, args, kwargs, stuck)
-        except Exception:  # not the placement, then: embedded below, or the user's error raised
-            pass
-        else:
-            HOLDERS.add([u.store for k, u in found.items() if id(moved.get(k, u.value)) in kept])
-            _warn_stuck(found, moved, stuck)
-            return lowered
+        with contextlib.suppress(Exception):  # not the placement, then: embedded below, or the user's error
+            return _moved(original, found, closed, keep_out, placed, target, args, kwargs)
     # Every FrozenConst embedded, as JAX's default pipeline embeds any array; where that fails
     # too, the program as JAX lowers it, whose error (the user's own) is raised as it is.
     try:
@@ -349,6 +340,70 @@ def _lower_owned(
         return original(closed, *args, **kwargs)
     _warn([u for u in found.values() if not u.store.volatile], "refused", refused)
     return lowered
+
+
+def _planned(
+    found: dict[int, _Use], lowering: Lowering, mesh: Any
+) -> tuple[dict[int, Any], dict[int, Any], bool]:
+    """The buffers `lowering` keeps out (by id), those placed over `mesh` first (by the id of the
+    buffer each stands for), and whether a constant whose buffer was deleted behind our back
+    (`volatile`) is embedded (said where the loss was met, `Store._lost`, not again here)."""
+    keep_out: dict[int, Any] = {}
+    placed: dict[int, Any] = {}
+    donated = False
+    for key, use in found.items():
+        decision = plan(buffer_found(use.value, use.store), lowering)
+        donated = donated or use.store.volatile
+        if decision is Decision.EMBED:
+            continue
+        value = use.value
+        if decision is Decision.PLACE:  # made once per constant and mesh (`Store.array`)
+            value = placed[key] = _placed(use.store, mesh)
+        keep_out[id(value)] = value
+    return keep_out, placed, donated
+
+
+def _held(
+    original: Callable[..., Any],
+    found: dict[int, _Use],
+    closed: Any,
+    keep_out: dict[int, Any],
+    placed: dict[int, Any],
+    args: Any,
+    kwargs: Any,
+) -> Any:
+    """`closed` lowered with `keep_out` as parameters, their owners recorded as held by a program."""
+    stuck: set[int] = set()
+    lowered = _lowered(original, closed, keep_out, placed, args, kwargs, stuck)
+    HOLDERS.add([u.store for k, u in found.items() if id(placed.get(k, u.value)) in keep_out])
+    _warn_stuck(found, placed, stuck)
+    return lowered
+
+
+def _moved(
+    original: Callable[..., Any],
+    found: dict[int, _Use],
+    closed: Any,
+    keep_out: dict[int, Any],
+    placed: dict[int, Any],
+    target: Any,
+    args: Any,
+    kwargs: Any,
+) -> Any:
+    """A constant committed elsewhere than the program runs (`x.on(d1)` in a program on d0): the
+    same data placed where the program runs (once per constant and device), as a parameter,
+    where JAX's default pipeline would embed it."""
+    moved = dict(placed)
+    for key, use in found.items():
+        value = placed.get(key, use.value)
+        if id(value) in keep_out and value.sharding.device_set != target.device_set:
+            moved[key] = _placed(use.store, target)
+    kept = {
+        id(moved.get(k, u.value)): moved.get(k, u.value)
+        for k, u in found.items()
+        if id(placed.get(k, u.value)) in keep_out
+    }
+    return _held(original, found, closed, kept, moved, args, kwargs)
 
 
 @contextlib.contextmanager
@@ -380,10 +435,7 @@ def _lower_for_export(
     if not keep_out:
         return original(closed, *args, **kwargs)
     program = closed if SIMPLIFIED_CONSTANTS else hoist(closed, keep_out)
-    kwargs = {
-        **hooks.keeping_inputs(kwargs),
-        "lowering_parameters": hooks.hoisting(kwargs["lowering_parameters"]),
-    }
+    kwargs = hooks.hoisting(hooks.keeping_inputs(kwargs))
     _lowering.keep_out, _lowering.stuck = keep_out, set()
     try:
         lowering = original(program, *args, **kwargs)
@@ -424,7 +476,7 @@ def _lowered(
             program = hoist(closed, keep_out, stuck=stuck)
         if hooks.discharge is None and mutates(closed_parts(closed)[0]):
             stuck.update(keep_out)  # JAX's tracing it again (`discharged`) embeds them all
-        kwargs = {**kwargs, "lowering_parameters": hooks.hoisting(kwargs["lowering_parameters"])}
+        kwargs = hooks.hoisting(kwargs)
     _lowering.keep_out, _lowering.stuck = keep_out, stuck
     try:
         return original(program, *args, **kwargs)
@@ -473,7 +525,7 @@ def _undonated(args: Any, kwargs: Any) -> tuple[Any, Any]:
     every call and transferred again at every next use. Where the call is not
     found (an ahead-of-time `.lower()`), the donation stands, and the deleted buffer is met at
     the constant's next use (`Store._lost`)."""
-    kept = {index for index, value in donated_arguments() if buffer_owner(value) is not None}
+    kept = {index for index, value in donated_arguments() if store_of(value) is not None}
     if not kept:
         return args, kwargs
     hooks = HOISTING
@@ -488,7 +540,7 @@ def _name_embedded(closed: Any, options: Options) -> None:
     seen: set[int] = set()
     try:
         for value, _ in walk(closed, literals=False):
-            if id(value) in seen or buffer_owner(value) is not None or RELICS.of(value):
+            if id(value) in seen or store_of(value) is not None:
                 continue
             seen.add(id(value))
             array: Any = numpy_of(value)
@@ -562,7 +614,7 @@ def const_args(jaxpr: Any) -> list[tuple[Any, Any]]:
         for value, aval in hooks.const_args(jaxpr):
             if keep_out.get(id(value)) is value:  # a constant's (or a known copy's) buffer kept out
                 found.setdefault((id(value), aval), (value, aval))
-            elif OWNER_REFS.get(id(value)) is None and not exporting:
+            elif not exporting and store_of(value) is None:
                 # JAX's own, as JAX hoists it (an exported program embeds every other array, as
                 # jax.export does)
                 found[("jax", len(found))] = (value, aval)
@@ -624,13 +676,8 @@ def _nbytes(value: Any) -> int:
     return nbytes
 
 
-def _mismatch(err: BaseException) -> bool:
-    """Whether `err` is JAX's refusal of an input placed on other devices than the program's."""
-    return "DeviceAssignmentMismatch" in type(err).__name__ or "incompatible devices" in str(err)
-
-
 def _first_line(err: BaseException) -> str:
-    if _mismatch(err):
+    if device_mismatch(err):
         return "it is committed to other devices than the program's"
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
@@ -639,22 +686,24 @@ def _first_line(err: BaseException) -> str:
 # -- what is said ---------------------------------------------------------------------------
 
 
-class _Told:
+class _Told(Said):
     """What was said, per constant: once per case and line, recorded once it was shown, and
-    forgotten where Python's warning filters change (`warnings.catch_warnings`, a new filter),
-    as Python forgets what its registries showed: a warning ignored under one filter is said
-    under the next, so no test's filters decide what another's see."""
+    forgotten where Python's warning filters change (`Said`)."""
+
+    __slots__ = ("lock", "said")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        super().__init__()
+
+    def forget(self) -> None:
+        super().forget()
         self.said: weakref.WeakKeyDictionary[Owner, set[str]] = weakref.WeakKeyDictionary()
-        self.filters: tuple[int, int] = (id(warnings.filters), len(warnings.filters))
 
     def new(self, store: Owner, key: str) -> bool:
         with self.lock:
-            filters = (id(warnings.filters), len(warnings.filters))
-            if filters != self.filters:
-                self.said, self.filters = weakref.WeakKeyDictionary(), filters
+            if self.stale():
+                self.forget()
             return key not in self.said.get(store, ())
 
     def record(self, store: Owner, key: str) -> None:
@@ -680,9 +729,9 @@ _FIXES = {
 
 
 def observe_unhoisted(program: Any, embeds_literals: bool) -> None:
-    """Where this JAX offers no hoisting frozenconst can reach (`_compat.HOISTING` is None):
+    """Where this JAX offers no hoisting frozenconst can reach (`_compat_lowering.HOISTING` is None):
     warn of each FrozenConst above the threshold that a program JAX lowers embeds."""
-    if (not OWNER_REFS and not RELICS.found) or program is None:
+    if none_known() or program is None:
         return
     _warn(list(_owned(program, literals=embeds_literals).values()), "unsupported", jax.__version__)
 

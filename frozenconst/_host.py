@@ -1,5 +1,9 @@
 """The frozen host buffer: one copy of the caller's data that nobody can write again.
 
+What is copied, into which dtype and with which checks is decided before, once,
+into a `HostPlan` (`_convert.host_plan`); `freeze` carries it out and decides
+nothing about dtypes.
+
 NumPy lets whoever reaches the *owner* of a buffer switch `WRITEABLE` back on,
 and every view leads to its owner through `.base`. So the data is copied once
 into a fresh NumPy allocation, which is then handed over, read-only, through
@@ -24,21 +28,16 @@ import contextlib
 import math
 import mmap
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple, TypeAlias
 
-import jax
 import numpy as np
-from numpy.typing import DTypeLike
-
-from ._convert import as_dtype, check_castable, check_narrowing, held_dtype, to_numpy, value_check
-from ._dtypes import native
-from ._errors import FrozenConstValueError
 
 ALIGNMENT = 64
 _PAGE = 4096
 
 
-# Memory-mapped sources are copied in blocks of this size (see `_copy_releasing`).
+# Memory-mapped sources are copied in blocks of this size, each block's source
+# pages handed back once copied (see `_copy_blocks`).
 _RELEASE_BLOCK_BYTES = 8 << 20
 
 
@@ -47,55 +46,31 @@ _RELEASE_BLOCK_BYTES = 8 << 20
 _PAGE_MATCH_MIN_BYTES = 4 << 20
 
 
-# A checked conversion copies the source in blocks of about this size: each
-# block is snapshotted, checked, then converted, so what is checked is what is
-# held, however the caller's array changes meanwhile.
+# A checked copy goes in blocks of about this size, each checked while it is in
+# the cache; what is checked is what is held, however the caller's array changes
+# meanwhile (see `HostPlan`).
 _CHECKED_BLOCK_BYTES = 1 << 20
 
+# A check of a block of values: raises where one would not survive.
+Check: TypeAlias = Callable[[np.ndarray[Any, Any]], None]
 
-def frozen_copy(obj: Any, dtype: DTypeLike | None = None, what: str | None = None) -> np.ndarray[Any, Any]:
-    """What `FrozenConst(obj, dtype)` holds: validated, copied once, frozen.
 
-    Refused (with a `FrozenConstTypeError` or `FrozenConstValueError` naming what
-    was received): anything `to_numpy` refuses, a conversion that would change a
-    value's integer (out of the requested dtype's range, NaN or infinite to an integer
-    type) or drop imaginary parts, and integers JAX would wrap on the device
-    under the current `jax_enable_x64`. Python data (scalars, nested sequences)
-    converted by `dtype=` is converted element by element, as
-    `np.asarray(obj, dtype=dtype)` and `jnp.asarray` do (a Python int goes to
-    float32 through a Python float), once every value is known to fit.
+class HostPlan(NamedTuple):
+    """A construction, decided before anything is copied (`_convert.host_plan`): what `freeze` copies.
 
-    Examples:
-        >>> import numpy as np
-        >>> frozen_copy([1.5, 2.5], np.int8)
-        array([1, 2], dtype=int8)
-        >>> frozen_copy([300], np.uint8)
-        Traceback (most recent call last):
-        ...
-        frozenconst.FrozenConstValueError: FrozenConst cannot convert the `list` it received to `uint8`: ...
+    `source` is copied once into `dtype`. `check` refuses a value the conversion
+    would change: run on a snapshot of each block of `source` before it is
+    converted, so a caller writing `source` meanwhile cannot slip an unchecked
+    value in. `held_check` refuses a value JAX would change on the device (64-bit
+    integers without x64): run on each block as held, which nobody else can write.
+    `weak`: a Python scalar, weakly typed as `jnp.asarray` types one.
     """
-    what = f"the `{type(obj).__name__}` it received" if what is None else what
-    array = to_numpy(obj, dtype, what)
-    if dtype is None:
-        # No dtype asked for: held as `jnp.asarray(obj)` holds it under the x64
-        # setting now (float64 as float32 without x64), so the host holds what JAX
-        # computes with, once. Integers JAX would wrap are refused, with the x64 advice.
-        want = held_dtype(array.dtype)
-        check_narrowing(array, want, what)
-    else:
-        want = native(as_dtype(dtype))
-    if want != array.dtype and isinstance(obj, (list, tuple, int, float, complex)):
-        check_castable(array.dtype, want, what)
-        check = value_check(array.dtype, want, what)
-        if check is not None:
-            check(array)
-        try:
-            array = np.asarray(obj, dtype=want)
-        except (OverflowError, ValueError, TypeError) as err:  # pragma: no cover - checked above
-            raise FrozenConstValueError(f"FrozenConst cannot convert {what} to `{want}` ({err}).") from err
-    host = freeze(array, want, what)
-    check_narrowing(host, jax.dtypes.canonicalize_dtype(host.dtype), what)
-    return host
+
+    source: np.ndarray[Any, Any]
+    dtype: np.dtype[Any]
+    weak: bool = False
+    check: Check | None = None
+    held_check: Check | None = None
 
 
 def _address(array: np.ndarray[Any, Any]) -> int:
@@ -104,35 +79,24 @@ def _address(array: np.ndarray[Any, Any]) -> int:
     return address
 
 
-def freeze(
-    src: np.ndarray[Any, Any], dtype: np.dtype[Any] | None = None, what: str = "its data"
-) -> np.ndarray[Any, Any]:
-    """Copy `src` (converted to `dtype`) once into a new, 64-byte aligned, read-only buffer.
-
-    A conversion that could change a value's integer (to a narrower integer type,
-    floats to integers) checks each block it converts and raises instead.
-    """
-    dtype = native(src.dtype if dtype is None else dtype)
-    check = None
-    if dtype != src.dtype:
-        check_castable(src.dtype, dtype, what)  # some pairs of ml_dtypes types have no conversion
-        check = value_check(src.dtype, dtype, what)
-    nbytes = src.size * dtype.itemsize
+def freeze(plan: HostPlan) -> np.ndarray[Any, Any]:
+    """Copy `plan.source`, converted to `plan.dtype` and checked as `plan` says, once into a new,
+    64-byte aligned, read-only buffer."""
+    source, dtype = plan.source, plan.dtype
+    nbytes = source.size * dtype.itemsize
     src_address = None
-    if nbytes >= _PAGE_MATCH_MIN_BYTES and src.flags.c_contiguous and src.dtype == dtype:
-        src_address = _address(src)
+    if nbytes >= _PAGE_MATCH_MIN_BYTES and source.flags.c_contiguous and source.dtype == dtype:
+        src_address = _address(source)
     raw, window = _aligned(nbytes, src_address)
     if nbytes:
-        dest = window.view(dtype).reshape(src.shape)
-        mapped = _read_only_map(src) if check is None and src.ndim and src.flags.c_contiguous else None
-        if mapped is not None:
-            _copy_releasing(dest, src, mapped)
-        elif check is None:
-            np.copyto(dest, src, casting="unsafe")
+        dest = window.view(dtype).reshape(source.shape)
+        mapped = _read_only_map(source) if source.ndim and source.flags.c_contiguous else None
+        if mapped is None and plan.check is None and plan.held_check is None:
+            np.copyto(dest, source, casting="unsafe")
         else:
-            _checked_copy(dest, src, check)
+            _copy_blocks(dest, plan, mapped)
     del raw
-    return _hand_over(window, dtype, src.shape)
+    return _hand_over(window, dtype, source.shape)
 
 
 def _read_only_map(src: np.ndarray[Any, Any]) -> tuple[mmap.mmap, int] | None:
@@ -149,25 +113,33 @@ def _read_only_map(src: np.ndarray[Any, Any]) -> tuple[mmap.mmap, int] | None:
     return None
 
 
-def _copy_releasing(
-    dest: np.ndarray[Any, Any], src: np.ndarray[Any, Any], mapped: tuple[mmap.mmap, int]
-) -> None:
-    # Block by block, handing each block's source pages back to the kernel once
-    # copied (`MADV_DONTNEED` on a read-only file map drops them from this
-    # process; they stay in the page cache and fault back in if read again).
-    # Without it the copied file pages stay resident while the map lives, and
-    # the build peaks at twice the constant's size.
-    mm, base = mapped
+def _copy_blocks(dest: np.ndarray[Any, Any], plan: HostPlan, mapped: tuple[mmap.mmap, int] | None) -> None:
+    # Block by block along the first axis (a scalar is one block): a block to check
+    # is snapshotted, checked, then converted; its held values are checked in
+    # `dest`. A read-only file map's copied pages are handed back to the kernel
+    # (`MADV_DONTNEED` drops them from this process; they stay in the page cache):
+    # without it they stay resident while the map lives, and the build peaks at
+    # twice the constant's size.
+    src = plan.source.reshape(1) if plan.source.ndim == 0 else plan.source
+    dest = dest.reshape(src.shape)
+    checked = plan.check is not None or plan.held_check is not None
     row_bytes = max(1, src.itemsize * (src.size // src.shape[0]))
-    step = max(1, _RELEASE_BLOCK_BYTES // row_bytes)
-    start_address = _address(src)
+    step = max(1, (_CHECKED_BLOCK_BYTES if checked else _RELEASE_BLOCK_BYTES) // row_bytes)
+    mm, offset = (None, 0) if mapped is None else (mapped[0], _address(src) - mapped[1])
     for start in range(0, src.shape[0], step):
-        np.copyto(dest[start : start + step], src[start : start + step], casting="unsafe")
-        begin = start_address + start * row_bytes - base
-        end = min(begin + step * row_bytes, len(mm))
-        first = begin - begin % mmap.PAGESIZE
-        with contextlib.suppress(OSError, ValueError, AttributeError):  # a kernel without madvise
-            mm.madvise(mmap.MADV_DONTNEED, first, end - first)
+        block, held = src[start : start + step], dest[start : start + step]
+        if plan.check is not None:
+            block = np.array(block)
+            plan.check(block)
+        np.copyto(held, block, casting="unsafe")
+        if plan.held_check is not None:
+            plan.held_check(held)
+        if mm is not None:
+            begin = offset + start * row_bytes
+            end = min(begin + step * row_bytes, len(mm))
+            first = begin - begin % mmap.PAGESIZE
+            with contextlib.suppress(OSError, ValueError, AttributeError):  # a kernel without madvise
+                mm.madvise(mmap.MADV_DONTNEED, first, end - first)
 
 
 def _aligned(
@@ -210,27 +182,6 @@ def freeze_parts(
             np.copyto(dest[index], data)
     del raw
     return _hand_over(window, dtype, shape)
-
-
-def _checked_copy(
-    dest: np.ndarray[Any, Any],
-    src: np.ndarray[Any, Any],
-    check: Callable[[np.ndarray[Any, Any]], None],
-) -> None:
-    # Block by block along the first axis: a snapshot of each block is checked,
-    # then converted, so a caller writing `src` meanwhile cannot slip an
-    # unchecked value in.
-    if src.ndim == 0:
-        block = np.array(src)
-        check(block)
-        np.copyto(dest, block, casting="unsafe")
-        return
-    row_bytes = max(1, src.itemsize * (src.size // src.shape[0]))
-    step = max(1, _CHECKED_BLOCK_BYTES // row_bytes)
-    for start in range(0, src.shape[0], step):
-        block = np.array(src[start : start + step])
-        check(block)
-        np.copyto(dest[start : start + step], block, casting="unsafe")
 
 
 def human_bytes(nbytes: int) -> str:

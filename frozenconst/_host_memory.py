@@ -36,8 +36,10 @@ import jax
 import numpy as np
 from jax.sharding import Sharding, SingleDeviceSharding
 
-from ._compat import Device, Tracer, offers_pinned_host, uncommitted, warn_degraded
+from ._compat import Device, Tracer, offers_pinned_host, uncommitted
+from ._dtypes import held_dtype
 from ._errors import FrozenConstTypeError, FrozenConstValueError
+from ._frames import warn_degraded
 
 HostMemory: TypeAlias = Literal["auto", "pinned", "pageable"]
 Residency: TypeAlias = Literal["device", "host"]
@@ -306,7 +308,7 @@ class Resident:
             or (isinstance(p, int | np.integer) and not isinstance(p, bool))
             for p in parts
         )
-        if not basic or jax.dtypes.canonicalize_dtype(self.host.dtype) != self.host.dtype:
+        if not basic or held_dtype(self.host.dtype) != self.host.dtype:
             return None
         part: jax.Array = jax.device_put(self.host[index])
         return part

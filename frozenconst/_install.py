@@ -9,17 +9,13 @@ library's state when imported. What it installs:
 - frozenconst's files among the frames JAX leaves out of source locations and tracebacks,
   as it leaves its own (`_compat.exclude_package_frames`);
 - `frozenconst.filter_jit`'s static placeholder as a pytree node;
-- four of JAX's lowering functions, each wrapped once, each read by JAX through its module
-  at call time (`_compat` says where and on which versions):
-  - `pxla.lower_sharding_computation`, which lowers every jitted program: `_hoist.lower` keeps
-    FrozenConsts out of it (or embeds them and says why);
-  - `core.jaxpr_const_args`, a program's hoisted constants: `_hoist.const_args` answers for
-    the lowering `_hoist.lower` runs, and JAX's own function answers everywhere else;
-  - `pxla._discharge_refs_jaxpr`, which makes a program with mutable references pure inside
-    that lowering by tracing it again: `_hoist.discharged` keeps the constants out of its result;
-  - `mlir.lower_jaxpr_to_module`, which every top-level program reaches: it shows the program
-    to the observers registered here (each open `no_numpy_constants` guard; on a JAX whose
-    hoisting frozenconst cannot reach, the warning of what is embedded);
+- JAX's lowering functions, each wrapped once (`_compat_lowering` names them, with where and
+  on which versions): the lowering of every jitted program, where `_hoist.lower` keeps
+  FrozenConsts out (or embeds them and says why), `_hoist.const_args` answers for its hoisted
+  constants and `_hoist.discharged` keeps them out of the pure program JAX makes of one with
+  mutable references; and the lowering every top-level program reaches, which shows the program
+  to the observers registered here (each open `no_numpy_constants` guard; on a JAX whose
+  hoisting frozenconst cannot reach, the warning of what is embedded);
 - the seams between the core and the jit side: a dropped or lost device buffer is told to
   `_hoist.dropped` (`_cache.STATE.dropped`), which recompiles the programs that held it, and
   the buffers of a dying constant to `_hoist.RELICS` (`_cache.STATE.outlived`), which keeps
@@ -40,7 +36,7 @@ from typing import Any
 
 import jax
 
-from . import _compat, _hoist
+from . import _compat, _compat_lowering, _hoist
 from ._cache import STATE
 from ._filter_jit import Static
 from ._flax import register_if_imported as register_flax_if_imported
@@ -48,7 +44,7 @@ from ._frozen import FrozenConst
 from ._hypothesis_hook import register_if_imported as register_strategy_if_imported
 
 # An observer: `(program, embeds_literals)`, the closed program JAX lowers and whether its
-# literal arrays are copied into it (`_compat.lowering_embeds_literals`).
+# literal arrays are copied into it (`_compat_lowering.lowering_embeds_literals`).
 Observer = Callable[[Any, bool], None]
 
 
@@ -97,17 +93,9 @@ def install() -> None:
         # operand, on the JAX versions that have the tables.
         _compat.register_array_type(FrozenConst, FrozenConst.__jax_array__)
         jax.tree_util.register_pytree_node(Static, lambda s: ((), s), lambda s, _: s)
-        hooks = _compat.HOISTING
+        hooks = _compat_lowering.HOISTING
         if hooks is not None:
-            original = hooks.lower
-            hooks.pxla.lower_sharding_computation = functools.wraps(original)(
-                functools.partial(_hoist.lower, original)
-            )
-            hooks.core.jaxpr_const_args = functools.wraps(hooks.const_args)(_hoist.const_args)
-            if hooks.discharge is not None:
-                hooks.replace_discharge(
-                    functools.wraps(hooks.discharge)(functools.partial(_hoist.discharged, hooks.discharge))
-                )
+            hooks.wrap_lowering(_hoist.lower, _hoist.const_args, _hoist.discharged)
         elif _observe():
             # No hoisting to reach on this JAX: what programs embed is said instead.
             _installed.observers = (*_installed.observers, _hoist.observe_unhoisted)
@@ -145,7 +133,7 @@ def _observe() -> bool:
     """Replace JAX's module lowering with the observing one, once (called under the lock)."""
     if _installed.observing:
         return True
-    hook = _compat.LOWERING_HOOK
+    hook = _compat_lowering.LOWERING_HOOK
     original = None if hook is None else getattr(hook[0], hook[1], None)
     if hook is None or not callable(original):
         return False
@@ -159,8 +147,8 @@ def _observing(original: Callable[..., Any]) -> Callable[..., Any]:
     def lower(*args: Any, **kwargs: Any) -> Any:
         observers = _installed.observers
         if observers:
-            program = _compat.lowered_program(args, kwargs)
-            embeds_literals = _compat.lowering_embeds_literals(kwargs)
+            program = _compat_lowering.lowered_program(args, kwargs)
+            embeds_literals = _compat_lowering.lowering_embeds_literals(kwargs)
             for observer in observers:
                 observer(program, embeds_literals)
         return original(*args, **kwargs)

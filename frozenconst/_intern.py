@@ -9,8 +9,7 @@ from numpy.typing import ArrayLike, DTypeLike
 
 from ._convert import as_dtype
 from ._dtypes import native
-from ._frozen import FrozenConst, adopt_host, content_key, with_live_twin
-from ._host import frozen_copy
+from ._frozen import FrozenConst, content_key, with_live_twin
 
 
 class _Interned:
@@ -57,11 +56,10 @@ def intern(obj: ArrayLike | FrozenConst, dtype: DTypeLike | None = None) -> Froz
         >>> a is b
         True
     """
-    if isinstance(obj, FrozenConst):
-        if not (obj.is_concrete and (dtype is None or native(as_dtype(dtype)) == obj.host_dtype)):
-            obj = adopt_host(frozen_copy(obj, dtype))  # a copy, or another dtype: frozen anew
-    else:
+    if not isinstance(obj, FrozenConst) or not obj.is_concrete:
         obj = FrozenConst(obj, dtype)  # validated, copied once; weakly typed for a Python scalar
+    elif dtype is not None and native(as_dtype(dtype)) != obj.host_dtype:
+        obj = FrozenConst(obj, dtype)  # converted from its host data, as `FrozenConst` converts
     key = content_key(obj)  # of the frozen copy: the constant's own bytes, hashed once
     with INTERNED.lock:
         # Another thread may have interned the same content meanwhile: keep one.

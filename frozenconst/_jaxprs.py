@@ -4,7 +4,7 @@ of user code they came from, and turned from embedded data into parameters.
 `walk` finds each use of a constant (read by `frozenconst.audit`, the pytest guard and the
 hoisting decision), `where` names its line, and `hoist` rewrites a program so that the constants
 it is told to keep out are literals, the form JAX's own hoisting passes to the executable as
-parameters (`_hoist`). The version differences of JAX's program objects are `_compat`'s.
+parameters (`_hoist`). The version differences of JAX's program objects are `_compat_lowering`'s.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from jax.extend import source_info_util
 
-from ._compat import Literal, Var, closed_parts, has_input_effects, is_program, rebuild
+from ._compat_lowering import Literal, Var, closed_parts, has_input_effects, is_program, rebuild
 
 
 def walk(closed: Any, literals: bool = True) -> Iterator[tuple[Any, Any]]:

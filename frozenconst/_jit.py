@@ -20,6 +20,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
 import jax
 
+from ._compat_lowering import deleted_buffer, non_array_refused
 from ._errors import FrozenConstTypeError
 from ._frames import hide_own_frames
 from ._frozen import FrozenConst
@@ -92,7 +93,7 @@ class JitWrapped(Generic[_P, _R]):
         except Exception as err:
             # A deleted buffer of a constant this call passes, or of one a program holds (a
             # closure): each made again, and the call made again.
-            if not (_deleted_buffer(err) and (_holds_constant(args, kwargs) or meet_losses())):
+            if not (deleted_buffer(err) and (_holds_constant(args, kwargs) or meet_losses())):
                 hide_own_frames(err)
                 refused = refused_as_array(err)
                 if refused is not None:
@@ -115,7 +116,7 @@ class JitWrapped(Generic[_P, _R]):
                 try:
                     return self._jitted(*args, **kwargs)  # type: ignore[no-any-return]
                 except Exception as again:
-                    if not (_deleted_buffer(again) and (_holds_constant(args, kwargs) or meet_losses())):
+                    if not (deleted_buffer(again) and (_holds_constant(args, kwargs) or meet_losses())):
                         raise
                     err = again
             raise err
@@ -154,18 +155,11 @@ class JitWrapped(Generic[_P, _R]):
 
 
 def _note_non_array(err: Exception) -> None:
-    if isinstance(err, TypeError) and ("as an abstract array" in str(err) or "valid JAX type" in str(err)):
-        # jax.jit's refusal of a non-array argument (an equinox module's activation).
+    if non_array_refused(err):
         err.add_note(
             "frozenconst.jit takes arrays only, as jax.jit does; "
             "`frozenconst.filter_jit` holds every non-array leaf static, as `eqx.filter_jit` does."
         )
-
-
-def _deleted_buffer(err: BaseException) -> bool:
-    """Whether `err` is XLA's refusal of a deleted (donated) buffer: "Array has been deleted",
-    "Buffer has been deleted or donated" (jax 0.8.1 to 0.12.0.1)."""
-    return isinstance(err, (RuntimeError, ValueError)) and "deleted" in str(err)
 
 
 def _holds_constant(args: Any, kwargs: Any) -> bool:

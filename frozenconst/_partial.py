@@ -24,13 +24,14 @@ from jax.sharding import Sharding, SingleDeviceSharding
 from numpy.typing import DTypeLike
 
 from ._cache import STATE, Store
-from ._compat import Device, warn_degraded
-from ._convert import as_dtype, check_narrowing, held_dtype, to_numpy
+from ._compat import Device
+from ._convert import as_dtype, check_narrowing, frozen_copy
 from ._dtypes import check_dtype, native
 from ._errors import FrozenConstTypeError, FrozenConstValueError, NotAddressableError
-from ._host import freeze, freeze_parts, frozen_copy, human_bytes
+from ._frames import warn_degraded
+from ._host import HostPlan, freeze, freeze_parts, human_bytes
 from ._host_memory import HostMemory
-from ._targets import Target
+from ._targets import Target, as_sharding
 
 # An index as (start, stop) per axis: hashable, and the same for equal slices
 # however JAX spelled them (`slice(None)` or `slice(0, n)`).
@@ -270,29 +271,23 @@ def pageable(host_memory: HostMemory) -> None:
         )
 
 
-def from_source(
-    array: np.ndarray[Any, Any],
-    dtype: DTypeLike | None,
-    home: Sharding,
-    what: str | None = None,
-    host_memory: HostMemory = "pageable",
-) -> Store:
-    """A partial constant of the slices of `array` (memory-mapped) that this process's devices address.
-
-    Without `dtype`, held as `jnp.asarray` holds the data (float64 as float32 without x64).
-    """
+def from_source(plan: HostPlan, target: Target | None, host_memory: HostMemory) -> PartialStore | None:
+    """Where `plan`'s source is memory-mapped (a slice reads only its pages) and `target` spans
+    several processes, a partial constant of the slices this process's devices address, each
+    frozen as `plan` says; else None."""
+    view = plan.source
+    if (
+        target is None
+        or not lazily_sliceable(view)
+        or not spans_processes(home := as_sharding(target, view.shape))
+    ):
+        return None
     pageable(host_memory)
-    what = f"the `{type(array).__name__}` it received" if what is None else what
-    view = to_numpy(array, dtype, what)  # validated, still a view of the map
-    want = held_dtype(native(view.dtype)) if dtype is None else native(as_dtype(dtype))
-    device_dtype = jax.dtypes.canonicalize_dtype(want)
     slices: dict[Bounds, np.ndarray[Any, Any]] = {}
     for key in _addressable(home, view.shape).values():
         if key not in slices:
-            part = freeze(view[_index(key)], want, what)
-            check_narrowing(part, device_dtype, what)
-            slices[key] = part
-    return PartialStore(view.shape, want, home, slices, "a memory-mapped array")
+            slices[key] = freeze(plan._replace(source=view[_index(key)]))
+    return PartialStore(view.shape, plan.dtype, home, slices, "a memory-mapped array")
 
 
 def as_shape(shape: Any) -> tuple[int, ...]:

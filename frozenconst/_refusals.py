@@ -15,23 +15,9 @@ from __future__ import annotations
 
 import linecache
 
+from ._compat_lowering import refusal
 from ._errors import FrozenConstIndexError, FrozenConstTypeError, FrozenConstValueError
 from ._frames import library_of
-
-# JAX's own words when `core.typeof` meets an object with `__jax_array__` that
-# is not one of its array types (jax >= 0.7; 0.6 calls it with a
-# DeprecationWarning): a `jax.lax` operand, or (jax 0.7 to 0.9) an index
-# (`a[idx]`, `a.at[idx]`). From jax 0.10, where a FrozenConst's type is
-# registered with `typeof` (`_compat.register_array_type`), the indexer refuses
-# it in other words, an `IndexError` that names it (`Got FrozenConst(...)`).
-_JAX_REFUSAL = "__jax_array__() during abstractification"
-_INDEX_REFUSAL = "Got FrozenConst("
-# And where a jitted JAX function hands a FrozenConst argument (there a value
-# derived from its tracer) to `jnp.asarray`'s type check, or compares the pytree
-# structure of its argument with that of a result (`jax.scipy.sparse.linalg.cg`,
-# `lax.custom_root`: a `TypeError`; `lax.reduce`: a `ValueError`), or the type of a
-# loop's carry with what its body returns (`lax.scan`, `while_loop`: a `TypeError`).
-_TYPE_REFUSALS = ("got FrozenConst(", "CustomNode(FrozenConst", "<class 'frozenconst._frozen.FrozenConst'>")
 
 # Public functions of `jax.nn` and `jax.scipy` that refuse a FrozenConst where they
 # take a NumPy array or a `jax.Array`, with the JAX versions on which they do:
@@ -183,21 +169,15 @@ def _called(filename: str, lineno: int) -> list[str]:
 
 
 Refusal = FrozenConstValueError | FrozenConstTypeError | FrozenConstIndexError
+_OURS: tuple[type[Refusal], ...] = (FrozenConstValueError, FrozenConstTypeError, FrozenConstIndexError)
 
 
 def refused_as_array(err: BaseException) -> Refusal | None:
     """The fix at the place of use, when JAX refused a FrozenConst where it wants a jax.Array."""
-    text = str(err)
-    refused: type[Refusal]
-    # jax 0.6 refuses with a DeprecationWarning, an exception where warnings are errors.
-    if isinstance(err, (ValueError, DeprecationWarning)) and _JAX_REFUSAL in text:
-        refused = FrozenConstValueError
-    elif isinstance(err, (TypeError, ValueError)) and any(words in text for words in _TYPE_REFUSALS):
-        refused = FrozenConstTypeError if isinstance(err, TypeError) else FrozenConstValueError
-    elif isinstance(err, IndexError) and _INDEX_REFUSAL in text:
-        refused = FrozenConstIndexError
-    else:
+    kind = refusal(err)  # JAX's builtin error, known by its words
+    if kind is None:
         return None
+    refused = next(ours for ours in _OURS if issubclass(ours, kind))
     place, called = "an unknown place", []
     tb = err.__traceback__
     while tb is not None:  # the innermost of the user's frames (`_frames`: whose frame is whose)

@@ -320,7 +320,7 @@ def edges(path):
         assert "holds [:, :]" in repr(z), repr(z)
 
     # -- host_memory="pinned": the slices of a partial constant stay pageable, said once
-    frozenconst._compat.warn_degraded.cache_clear()  # said once a process: forget earlier ones
+    frozenconst._frames.DEGRADED.forget()  # said once under these filters: forget earlier ones
     with pytest.warns(frozenconst.FrozenConstWarning, match="spans several processes") as record:
         pinned = (
             FrozenConst(np.load(small, mmap_mode="r"), sharding=rows, host_memory="pinned"),

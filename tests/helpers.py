@@ -296,3 +296,11 @@ def program_parameters(lowered) -> int:
     text = lowered.as_text()
     signature = text.split("func.func public @main(", 1)[1].split(") -> ", 1)[0]
     return signature.count("%arg")
+
+
+def jax_passes(data) -> bool:
+    """Whether `jax.jit` passes a closed-over `jax.Array` of `data`'s shape and dtype to the
+    executable as a parameter rather than embedding it: JAX's own lowering as the oracle (never
+    under its default pipeline; under the simplified one, per JAX's version and limit)."""
+    array = jax.device_put(np.zeros_like(np.asarray(data)))
+    return program_parameters(jax.jit(lambda: array * 2).lower()) == 1

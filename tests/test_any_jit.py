@@ -26,6 +26,7 @@ import pytest
 from helpers import (
     SIMPLIFIED,
     jax_donates_closed_over_buffers,
+    jax_passes,
     live_copies,
     on_cpu,
     program_parameters,
@@ -274,9 +275,9 @@ def test_lower_compile_and_donating_another_argument():
 def test_at_or_below_the_threshold_a_constant_stays_embedded_as_jax_embeds_it():
     small = FrozenConst(np.arange(256, dtype=np.float32))  # 1024 bytes
     lowered = jax.jit(lambda x: small * x).lower(jnp.ones(256))
-    # Whether JAX's simplified pipeline makes it a parameter depends on JAX's version: the
-    # package's one statement of that rule.
-    hoisted = SIMPLIFIED and frozenconst._compat.simplified_hoists(np.asarray(small))
+    # Whether JAX's simplified pipeline makes it a parameter depends on JAX's version: JAX's
+    # own lowering of a `jax.Array` in its place says.
+    hoisted = SIMPLIFIED and jax_passes(small)
     assert program_parameters(lowered) == 1 + hoisted
 
 
@@ -758,9 +759,9 @@ def test_a_mutable_reference_beside_the_constant_keeps_it_out(form, jit):
 @pytest.mark.skipif(SIMPLIFIED, reason="JAX's simplified pipeline keeps a literal through the new trace")
 def test_where_the_pure_program_cannot_be_reached_the_embedded_constant_is_named(monkeypatch):
     # Reaches inside: a JAX whose lowering frozenconst cannot follow into the pure program it
-    # makes of one with references (`_compat.Hooks.discharge` missing) is simulated by putting
+    # makes of one with references (`_compat_lowering.Hooks.discharge` missing) is simulated by putting
     # JAX's own function back; the constant is then embedded, and said, with the fix.
-    from frozenconst._compat import HOISTING
+    from frozenconst._compat_lowering import HOISTING
 
     assert HOISTING is not None and HOISTING.discharge is not None
     monkeypatch.setattr(HOISTING.pxla, "_discharge_refs_jaxpr", HOISTING.discharge)

@@ -1,9 +1,9 @@
-"""Each fallback in `frozenconst/_compat.py`, forced: results stay right, and a
-fallback that costs something says so once with a FrozenConstWarning.
+"""Each fallback in `frozenconst/_compat.py` and `_compat_lowering.py`, forced: results stay
+right, and a fallback that costs something says so once with a FrozenConstWarning.
 
 Where the installed JAX has the public hook, the fallback is forced by
-replacing what `_compat` found at import; the last test removes the public
-hooks from JAX before frozenconst is imported, in a fresh process, so the
+replacing what `_compat` (or `_compat_lowering`) found at import; the last test removes the
+public hooks from JAX before frozenconst is imported, in a fresh process, so the
 detection itself is exercised. On the older JAX releases `make test` runs,
 several of these fallbacks are simply what runs.
 """
@@ -33,17 +33,26 @@ from helpers import (
 
 import frozenconst
 
-# A fallback runs only where `_compat` found no hook: replacing what it found is the only way
+# A fallback runs only where the compat modules found no hook: replacing what it found is the only way
 # to reach one on a JAX that has them all.
-from frozenconst import FrozenConst, FrozenConstWarning, _cache, _compat, _host_memory, _targets
+from frozenconst import (
+    FrozenConst,
+    FrozenConstWarning,
+    _cache,
+    _compat,
+    _compat_lowering,
+    _frames,
+    _host_memory,
+    _targets,
+)
 from frozenconst._refusals import JAX_LAX_REFUSES
 
 
 @pytest.fixture(autouse=True)
 def _fresh_warnings():
-    _compat.warn_degraded.cache_clear()
+    _frames.DEGRADED.forget()
     yield
-    _compat.warn_degraded.cache_clear()
+    _frames.DEGRADED.forget()
 
 
 def _degraded(record) -> list[str]:
@@ -105,7 +114,7 @@ _WITHOUT_HOISTING = textwrap.dedent(
         out = f(jnp.ones(64))
         f(jnp.ones(64) * 2)
     print(json.dumps({
-        "hooks": frozenconst._compat.HOISTING is None,
+        "hooks": frozenconst._compat_lowering.HOISTING is None,
         "right": bool(np.allclose(np.asarray(out), np.asarray(table) @ np.ones(64))),
         "hlo": len(f.lower(jnp.ones(64)).as_text()),
         "said": [str(r.message) for r in record if issubclass(r.category, frozenconst.FrozenConstWarning)],
@@ -130,9 +139,9 @@ def test_without_jaxs_hoisting_a_program_embeds_the_constant_correctly_and_says_
 
 
 def test_without_the_call_frame_a_donation_is_met_at_the_constants_next_use(monkeypatch):
-    # The donating call is read off JAX's own frame (`_compat.donated_arguments`); without it
+    # The donating call is read off JAX's own frame (`_compat_lowering.donated_arguments`); without it
     # the loss is met where the constant is next used: said there, every program right.
-    monkeypatch.setattr(_compat, "_CALL_FRAME", ("nowhere", "nothing"))
+    monkeypatch.setattr(_compat_lowering, "_CALL_FRAME", ("nowhere", "nothing"))
     data = unique_data((64, 64))
     x = FrozenConst(data)
     closure = jax.jit(lambda w: x @ w)
@@ -147,7 +156,7 @@ def test_without_the_call_frame_a_donation_is_met_at_the_constants_next_use(monk
 
 
 def test_a_level_with_input_effects_keeps_its_constants_and_programs_stay_right(monkeypatch):
-    # A level whose effects name its inputs by position keeps its constants (`_compat
+    # A level whose effects name its inputs by position keeps its constants (`_compat_lowering
     # .has_input_effects`); forced on every level here: every FrozenConst embedded, as JAX does,
     # and said (under JAX's default pipeline, where the rewrite is frozenconst's).
     from frozenconst import _jaxprs

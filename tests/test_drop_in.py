@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 import frozenconst
 from frozenconst import FrozenConst, FrozenConstWarning
 
-# Program sizes are read off JAX's lowering function, a JAX-private name that `_compat` alone
-# finds; the refusal table is the package's own list of the JAX releases whose jax.lax refuses.
-from frozenconst._compat import LOWERING_HOOK
+# Program sizes are read off JAX's lowering function, a JAX-private name that `_compat_lowering`
+# alone finds; the refusal table is the package's own list of the JAX releases whose jax.lax refuses.
+from frozenconst._compat_lowering import LOWERING_HOOK
 from frozenconst._refusals import JAX_LAX_REFUSES
 
 PIPELINE = "simplified" if SIMPLIFIED else "default"

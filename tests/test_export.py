@@ -765,7 +765,7 @@ def test_a_loaded_constant_is_a_read_only_map_of_its_file(tmp_path):
 
 
 def test_where_the_lowering_cannot_be_rewired_export_refuses(monkeypatch):
-    # `_compat.rewire_hoisted`'s fallback (a JAX whose lowered module frozenconst cannot rewire):
+    # `_compat_lowering.rewire_hoisted`'s fallback (a JAX whose lowered module frozenconst cannot rewire):
     # a clear error, never a program that embeds the constants silently. No installed JAX takes
     # that path, so the rewiring is replaced.
     monkeypatch.setattr(frozenconst._hoist, "rewire_hoisted", lambda lowering, inputs: False)

@@ -20,8 +20,8 @@ from helpers import SIMPLIFIED, subprocess_env, unique_data
 import frozenconst
 
 # Whether a guard still observes JAX's lowering shows only in the installer's registry, and a
-# JAX without the lowering function only by replacing the hook `_compat` found.
-from frozenconst import FrozenConst, _compat, _guard, _install
+# JAX without the lowering function only by replacing the hook `_compat_lowering` found.
+from frozenconst import FrozenConst, _compat_lowering, _guard, _install
 
 PACKAGE = pathlib.Path(frozenconst.__file__).resolve().parent
 KIB8 = (32, 64)  # float32: 8 KiB
@@ -229,7 +229,7 @@ def test_guards_in_many_threads_and_compilations_in_other_threads():
 def test_without_a_hook_the_guard_warns_that_it_checks_nothing(monkeypatch, hook):
     # A JAX without the lowering function: nothing was installed at import.
     monkeypatch.setattr(_install._installed, "observing", False)
-    monkeypatch.setattr(_compat, "LOWERING_HOOK", hook)
+    monkeypatch.setattr(_compat_lowering, "LOWERING_HOOK", hook)
     raw = unique_data(KIB8)
     with (
         pytest.warns(frozenconst.FrozenConstWarning, match="cannot see the programs jax"),
@@ -241,7 +241,7 @@ def test_without_a_hook_the_guard_warns_that_it_checks_nothing(monkeypatch, hook
 
 @pytest.mark.usefixtures("needs_raw_numpy_lowering")
 def test_a_program_the_guard_cannot_read_is_reported_not_passed(monkeypatch):
-    monkeypatch.setattr(_compat, "lowered_program", lambda args, kwargs: None)
+    monkeypatch.setattr(_compat_lowering, "lowered_program", lambda args, kwargs: None)
     with (
         pytest.warns(frozenconst.FrozenConstWarning, match="could not inspect"),
         frozenconst.no_numpy_constants(),
@@ -255,9 +255,9 @@ def test_no_regular_expression_over_jax_messages():
     for path in PACKAGE.glob("*.py"):
         text = path.read_text()
         assert "Closed-over constant" not in text and "captured during lowering" not in text, path
-        # The command line parses its DTYPE[DIMS] shapes; `_compat` is the one home of JAX's
-        # message texts (a call of an exported program, renumbered in the user's words).
-        if path.name not in ("__main__.py", "_compat.py"):
+        # The command line parses its DTYPE[DIMS] shapes; `_compat_lowering` is the one home of
+        # JAX's message texts (a call of an exported program, renumbered in the user's words).
+        if path.name not in ("__main__.py", "_compat_lowering.py"):
             assert "import re\n" not in text, path
 
 

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers import enable_x64
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -127,6 +128,19 @@ def test_accepts_numpy_values_scalars_and_sequences(obj):
     expected = np.asarray(jnp.asarray(obj))
     assert x.shape == expected.shape and x.host_dtype == x.dtype == expected.dtype
     np.testing.assert_array_equal(np.asarray(x), expected, strict=True)
+
+
+@pytest.mark.parametrize("dtype", [">f8", ">i8", ">u8", ">c16", ">f4", ">i2"])
+def test_byte_swapped_data_is_held_as_its_native_twin_is(dtype):
+    # `jax.dtypes.canonicalize_dtype` narrows only the native byte order; the host holds what
+    # JAX computes with whatever the source's byte order (float64 as float32 without x64).
+    for x64 in (False, True):
+        with enable_x64(x64):
+            swapped = np.arange(6).astype(dtype)
+            native = swapped.astype(swapped.dtype.newbyteorder("="))
+            x, twin = FrozenConst(swapped), FrozenConst(native)
+            assert x.host_dtype == twin.host_dtype == x.dtype == twin.dtype
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(twin), strict=True)
 
 
 @pytest.mark.parametrize(

@@ -389,13 +389,16 @@ def test_a_refused_page_locked_allocation_leaves_the_constant_on_its_numpy_copy(
         raise RuntimeError("RESOURCE_EXHAUSTED: out of pinned memory")
 
     monkeypatch.setattr(_host_memory, "page_lock", refuse)
-    frozenconst._compat.warn_degraded.cache_clear()
+    frozenconst._frames.DEGRADED.forget()
     data = unique_data((8, 8))
     x = FrozenConst(data, host_memory="pinned")
-    with pytest.warns(frozenconst.FrozenConstWarning, match="could not page-lock a copy.*RESOURCE_EXHAUSTED"):
+    with pytest.warns(
+        frozenconst.FrozenConstWarning, match="could not page-lock a copy.*RESOURCE_EXHAUSTED"
+    ) as record:
         np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), data, strict=True)
-    x.evict()
-    np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), data, strict=True)
+        x.evict()
+        np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), data, strict=True)
+    assert len([r for r in record if issubclass(r.category, frozenconst.FrozenConstWarning)]) == 1
     assert _page_locked_copies(data) == []
 
 

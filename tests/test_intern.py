@@ -10,7 +10,7 @@ import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
-from helpers import live_copies, unique_data
+from helpers import enable_x64, live_copies, unique_data
 from hypothesis import given, settings
 
 import frozenconst
@@ -180,3 +180,18 @@ def test_threads_unpickling_one_content_share_one_constant():
     first = np.asarray(results[0])
     assert all(np.shares_memory(np.asarray(r), first) for r in results)
     assert live_copies(data) <= 1
+
+
+def test_a_constant_interned_in_another_dtype_is_converted_from_its_host_data():
+    # As `FrozenConst(x, dtype)` converts: from the host copy, never through the device buffer,
+    # which holds float64 as float32 and refuses int64 beyond int32 while x64 is off.
+    with enable_x64(True):
+        wide = FrozenConst(np.array([1, 2**40]))
+    close = 1 + 2.0**-11 + 2.0**-30  # float16 rounds it up from float64, down from float32
+    fine = FrozenConst(np.array([close]), dtype=np.float64)
+    with enable_x64(False):
+        for x, dtype in ((wide, np.float32), (fine, np.float16)):
+            interned = frozenconst.intern(x, dtype=dtype)
+            assert interned.host_dtype == dtype
+            np.testing.assert_array_equal(np.asarray(interned), np.asarray(FrozenConst(x, dtype=dtype)))
+        assert np.asarray(frozenconst.intern(fine, dtype=np.float16))[0] == np.float16(close) != 1

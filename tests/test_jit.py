@@ -11,6 +11,7 @@ from helpers import (
     SIMPLIFIED,
     assert_float32_close,
     free_port,
+    jax_passes,
     live_copies,
     on_device,
     program_parameters,
@@ -24,7 +25,6 @@ from frozenconst import FrozenConst
 
 # Which closed-over arrays JAX's simplified pipeline makes parameters changes with JAX's
 # version: the expected parameter counts use the package's one statement of that rule.
-from frozenconst._compat import simplified_hoists
 
 GLOBAL_TABLE = FrozenConst(np.random.default_rng(7).standard_normal((256, 64)).astype(np.float32))
 
@@ -248,7 +248,7 @@ def test_constant_discovered_late_gives_correct_results():
     np.testing.assert_array_equal(np.asarray(f(jnp.ones(4))), np.ones(4))
     np.testing.assert_array_equal(np.asarray(f(jnp.ones((1, 4)))), 44.0)  # b first reached here
     np.testing.assert_array_equal(np.asarray(f(jnp.full(4, 2.0))), np.full(4, 2.0))
-    hoisted = not SIMPLIFIED or simplified_hoists(np.asarray(a))
+    hoisted = not SIMPLIFIED or jax_passes(a)
     assert program_parameters(f.lower(jnp.ones(4))) == 1 + hoisted  # w, a
     assert program_parameters(f.lower(jnp.ones((1, 4)))) == 1 + 2 * hoisted  # w, a, b
 
@@ -374,7 +374,7 @@ def test_small_constants_cost_no_parameter_and_large_ones_hold_no_data(k):
     f_large(w).block_until_ready()
     # Small ones: never parameters under JAX's default pipeline (embedded, as JAX embeds them);
     # under the simplified one, what JAX itself hoists. Large ones: parameters, either way.
-    small_hoisted = SIMPLIFIED and simplified_hoists(np.asarray(small[0]))
+    small_hoisted = SIMPLIFIED and jax_passes(small[0])
     assert program_parameters(f_small.lower(w)) == 1 + small_hoisted * k
     assert program_parameters(f_large.lower(w)) == 1 + k
     # Never a copy: each large constant's one device buffer, whatever the pipeline.
@@ -397,7 +397,7 @@ def test_embed_max_bytes_is_the_largest_constant_kept_out_of_the_parameters(limi
     f = frozenconst.jit(lambda w: c * w, embed_max_bytes=limit)
     w = jnp.ones(4)
     np.testing.assert_array_equal(np.asarray(f(w)), np.asarray(c))
-    parameter = simplified_hoists(np.asarray(c)) if SIMPLIFIED else c.nbytes > limit
+    parameter = jax_passes(c) if SIMPLIFIED else c.nbytes > limit
     assert program_parameters(f.lower(w)) == 1 + parameter
 
 
