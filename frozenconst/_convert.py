@@ -12,6 +12,7 @@ the dtype the host holds and the weak type, and chooses the checks: `value_check
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -47,6 +48,18 @@ def _out_of_range(values: np.ndarray[Any, Any], lo: int, hi: int) -> Any:
     if not low > lo - 1:
         return low
     return high if not high < hi + 1 else None
+
+
+def _range_check(lo: int, hi: int, refusal: Callable[[Any], str]) -> Check:
+    """A check that every value of a block truncates into `[lo, hi]`, raising a
+    FrozenConstValueError with `refusal(value)` for the first that does not."""
+
+    def check(block: np.ndarray[Any, Any]) -> None:
+        bad = _out_of_range(block, lo, hi)
+        if bad is not None:
+            raise FrozenConstValueError(refusal(bad))
+
+    return check
 
 
 def host_plan(obj: Any, dtype: DTypeLike | None = None, what: str | None = None) -> HostPlan:
@@ -152,16 +165,15 @@ def value_check(from_dtype: np.dtype[Any], to_dtype: np.dtype[Any], what: str) -
             "first (for example `np.clip`, `np.nan_to_num`), or choose a wider dtype."
         )
 
-    def check(block: np.ndarray[Any, Any]) -> None:
-        bad = _out_of_range(block, lo, hi)
-        if bad is not None:
-            raise FrozenConstValueError(
-                f"FrozenConst cannot convert {what} to `{to_dtype}`: it holds {bad!r}, which `{to_dtype}` "
-                f"cannot hold (its range is {lo} to {hi}; NaN and infinities have no integer value). "
-                + others
-            )
-
-    return check
+    return _range_check(
+        lo,
+        hi,
+        lambda bad: (
+            f"FrozenConst cannot convert {what} to `{to_dtype}`: it holds {bad!r}, which "
+            f"`{to_dtype}` cannot hold (its range is {lo} to {hi}; NaN and infinities have no integer "
+            "value). " + others
+        ),
+    )
 
 
 def check_narrowing(host: np.ndarray[Any, Any], device_dtype: DTypeLike, what: str = "its host data") -> None:
@@ -198,19 +210,18 @@ def narrowing_check(held: np.dtype[Any], device: np.dtype[Any], what: str) -> Ch
     if lo <= src_lo and src_hi <= hi:
         return None
 
-    def check(block: np.ndarray[Any, Any]) -> None:
-        bad = _out_of_range(block, lo, hi)
-        if bad is not None:
-            raise FrozenConstValueError(
-                f"FrozenConst cannot put {what} on a device as {device}: it holds the {held} value "
-                f"{bad}, outside {device}'s range ({lo} to {hi}). JAX narrows {held} to {device} "
-                "while `jax_enable_x64` is off, and would wrap that value silently (`jnp.asarray` "
-                "raises OverflowError for such a Python int). Turn x64 on (`jax.config.update("
-                "'jax_enable_x64', True)`), or convert the data to a dtype that holds it on the "
-                "device (for example `dtype=np.float32`, which rounds)."
-            )
-
-    return check
+    return _range_check(
+        lo,
+        hi,
+        lambda bad: (
+            f"FrozenConst cannot put {what} on a device as {device}: it holds the {held} "
+            f"value {bad}, outside {device}'s range ({lo} to {hi}). JAX narrows {held} to {device} while "
+            "`jax_enable_x64` is off, and would wrap that value silently (`jnp.asarray` raises "
+            "OverflowError for such a Python int). Turn x64 on (`jax.config.update('jax_enable_x64', "
+            "True)`), or convert the data to a dtype that holds it on the device (for example "
+            "`dtype=np.float32`, which rounds)."
+        ),
+    )
 
 
 _PLAIN = frozenset({float, bool, complex})
