@@ -19,6 +19,7 @@ import sys
 import threading
 import types
 import warnings
+import weakref
 from typing import Any
 
 from ._compat import JIT_MODULE, PACKAGE_DIR, frame_at, jax_filtered, traceback_filtering
@@ -117,8 +118,10 @@ class Said:
         )
 
 
-class _Messages(Said):
-    """The messages said since the filters last changed."""
+class Told(Said):
+    """What was said of each subject (held weakly: forgotten with it) since the filters last
+    changed, each key once: asked first (`new`), recorded once shown (`record`), so a warning
+    raised as an error is said again the next time it applies."""
 
     __slots__ = ("lock", "said")
 
@@ -128,28 +131,30 @@ class _Messages(Said):
 
     def forget(self) -> None:
         super().forget()
-        self.said: set[str] = set()
+        self.said: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
-    def new(self, message: str) -> bool:
+    def new(self, subject: Any, key: str) -> bool:
         with self.lock:
             if self.stale():
                 self.forget()
-            return message not in self.said
+            return key not in self.said.get(subject, ())
+
+    def record(self, subject: Any, key: str) -> None:
+        with self.lock:
+            self.said.setdefault(subject, set()).add(key)
 
 
-DEGRADED = _Messages()
+DEGRADED = Told()
 
 
 def warn_degraded(message: str) -> None:
     """Warn, with a FrozenConstWarning naming the user's line, that a fallback for this JAX or
     this machine is in use: said once (`Said`), at first need, where it keeps results right but
     costs something (a second trace, a copy, memory)."""
-    if not DEGRADED.new(message):
-        return
-    warnings.warn(message, FrozenConstWarning, stacklevel=user_stacklevel())
-    # Shown first, recorded after: a warning raised as an error is said again next time.
-    with DEGRADED.lock:
-        DEGRADED.said.add(message)
+    # A fallback is the process's, not a constant's: its messages are kept under this function.
+    if DEGRADED.new(warn_degraded, message):
+        warnings.warn(message, FrozenConstWarning, stacklevel=user_stacklevel())
+        DEGRADED.record(warn_degraded, message)
 
 
 # A frame of the user's code, with the instruction and line it was at when recorded (the

@@ -60,7 +60,7 @@ from ._compat_lowering import (
 )
 from ._derived import COPY_REFS, Derived, buffer_owner
 from ._errors import FrozenConstRuntimeError, FrozenConstWarning
-from ._frames import Said, user_stacklevel
+from ._frames import Told, user_stacklevel
 from ._host import human_bytes
 from ._jaxprs import hoist, walk, where
 from ._plan import Buffer, Decision, Lowering, plan
@@ -331,7 +331,8 @@ def _lower_owned(
     target = hooks.devices_of(args, kwargs, single=True) if mismatch else None
     if target is not None:
         with contextlib.suppress(Exception):  # not the placement, then: embedded below, or the user's error
-            return _moved(original, found, closed, keep_out, placed, target, args, kwargs)
+            kept, moved = _moved(found, keep_out, placed, target)
+            return _held(original, found, closed, kept, moved, args, kwargs)
     # Every FrozenConst embedded, as JAX's default pipeline embeds any array; where that fails
     # too, the program as JAX lowers it, whose error (the user's own) is raised as it is.
     try:
@@ -381,18 +382,11 @@ def _held(
 
 
 def _moved(
-    original: Callable[..., Any],
-    found: dict[int, _Use],
-    closed: Any,
-    keep_out: dict[int, Any],
-    placed: dict[int, Any],
-    target: Any,
-    args: Any,
-    kwargs: Any,
-) -> Any:
-    """A constant committed elsewhere than the program runs (`x.on(d1)` in a program on d0): the
-    same data placed where the program runs (once per constant and device), as a parameter,
-    where JAX's default pipeline would embed it."""
+    found: dict[int, _Use], keep_out: dict[int, Any], placed: dict[int, Any], target: Any
+) -> tuple[dict[int, Any], dict[int, Any]]:
+    """`keep_out` and `placed` (`_planned`) with each constant committed elsewhere than the program
+    runs (`x.on(d1)` in a program on d0) placed where it runs (once per constant and device): a
+    parameter, where JAX's default pipeline would embed it."""
     moved = dict(placed)
     for key, use in found.items():
         value = placed.get(key, use.value)
@@ -403,7 +397,7 @@ def _moved(
         for k, u in found.items()
         if id(placed.get(k, u.value)) in keep_out
     }
-    return _held(original, found, closed, kept, moved, args, kwargs)
+    return kept, moved
 
 
 @contextlib.contextmanager
@@ -686,32 +680,8 @@ def _first_line(err: BaseException) -> str:
 # -- what is said ---------------------------------------------------------------------------
 
 
-class _Told(Said):
-    """What was said, per constant: once per case and line, recorded once it was shown, and
-    forgotten where Python's warning filters change (`Said`)."""
-
-    __slots__ = ("lock", "said")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        super().__init__()
-
-    def forget(self) -> None:
-        super().forget()
-        self.said: weakref.WeakKeyDictionary[Owner, set[str]] = weakref.WeakKeyDictionary()
-
-    def new(self, store: Owner, key: str) -> bool:
-        with self.lock:
-            if self.stale():
-                self.forget()
-            return key not in self.said.get(store, ())
-
-    def record(self, store: Owner, key: str) -> None:
-        with self.lock:
-            self.said.setdefault(store, set()).add(key)
-
-
-_told = _Told()
+# What the embedding warning said, per constant: once per case and line of user code.
+_told = Told()
 
 _FIXES = {
     "export": "An exported program carries its constants (jax.export serializes no arrays): "
