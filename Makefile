@@ -268,10 +268,11 @@ device: device-bundle
 	@echo '  $(DEVICE_CALL)'
 	@echo "about 11 minutes of device time (the machine's start, then at most 560 s of command);"
 	@echo "then, with the files_at folder its reply names:  make device-results FROM=<files_at>"
+	@echo "(a run split over several calls, DEVICE_PASSES with shares: FROM=\"<files_at> <files_at> ...\")"
 
 device-results:
 	@test -n "$(FROM)" || { echo "error: FROM=<the files_at folder of the device run>" >&2; exit 1; }
-	python3 tools/device-results "$(FROM)" docs/results
+	python3 tools/device-results $(FROM) docs/results
 
 # The names of an earlier release of these targets.
 gpu: device
