@@ -202,8 +202,7 @@ def held_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
         (dtype('float32'), dtype('float16'))
     """
     # `canonicalize_dtype` narrows only the native byte order (`>f8` stays `>f8` without x64).
-    held: np.dtype[Any] = np.dtype(jax.dtypes.canonicalize_dtype(native(dtype)))
-    return held
+    return np.dtype(jax.dtypes.canonicalize_dtype(native(dtype)))
 
 
 def _suggestion(dtype: np.dtype[Any]) -> str:

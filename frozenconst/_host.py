@@ -66,7 +66,6 @@ class HostPlan(NamedTuple):
     source: np.ndarray[Any, Any]
     dtype: np.dtype[Any]
     weak: bool = False
-    # Checks of a block of values (`_dtypes.Check`), each raising where one would not survive.
     check: Callable[[np.ndarray[Any, Any]], None] | None = None
     held_check: Callable[[np.ndarray[Any, Any]], None] | None = None
 

@@ -83,8 +83,7 @@ def _indices(sharding: Sharding, shape: tuple[int, ...]) -> dict[Device, Index]:
 
 
 def _distinct(sharding: Sharding, shape: tuple[int, ...]) -> dict[Bounds, Index]:
-    # Each slice this process's devices address, once (devices that replicate a slice share
-    # it), with the index JAX gives its first device.
+    # Each slice this process's devices address, once, with the index JAX gives its first device.
     found: dict[Bounds, Index] = {}
     for index in _indices(sharding, shape).values():
         found.setdefault(_key(index, shape), index)
@@ -276,10 +275,9 @@ def pageable(host_memory: HostMemory) -> None:
 def frozen_store(
     plan: HostPlan, home: Sharding | None, host_memory: HostMemory, residency: Residency
 ) -> Store:
-    """The store `plan` is frozen into, with `home` its declared sharding (None: the default
-    device). Where the source is memory-mapped (a slice reads only its pages) and `home` spans
-    several processes, a partial constant of the slices this process's devices address, each
-    frozen as `plan` says; else the whole source, frozen once, in `host_memory` and `residency`."""
+    """The store `plan` is frozen into, declared on `home`: where the source is memory-mapped (a
+    slice reads only its pages) and `home` spans several processes, the slices this process's
+    devices address, each frozen as `plan` says; else the whole, in `host_memory` and `residency`."""
     view = plan.source
     if home is not None and lazily_sliceable(view) and spans_processes(home):
         pageable(host_memory)
