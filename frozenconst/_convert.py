@@ -2,17 +2,14 @@
 
 `to_numpy` refuses what JAX could not hold or would change silently: traced
 values, masked arrays, strings, arrays other processes hold, Python ints beyond
-int64, ragged sequences. `host_plan` refuses dtypes this JAX cannot hold, decides
-the dtype the host holds and the weak type, and chooses the checks: `value_check`
-(with `check_castable`), whether a conversion by `dtype=` keeps every value;
-`narrowing_check`, whether JAX's narrowing of 64-bit integers on the device
-(without `jax_enable_x64`) would. All in one `_host.HostPlan`, which
-`_host.freeze` carries out: the copy never asks back.
+int64, ragged sequences. `host_plan` asks `_dtypes.conversion`, once, for the
+dtype the host holds and the checks its copy runs, and decides the weak type:
+all in one `_host.HostPlan`, which `_host.freeze` carries out. The copy never
+asks back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -20,46 +17,13 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from ._compat import WEAK_TYPES, Tracer
-from ._dtypes import check_dtype, check_numeric, held_dtype, int_range, native, numeric_kind
+from ._dtypes import conversion, narrowing_check
 from ._errors import FrozenConstTypeError, FrozenConstValueError, TracedValueError
-from ._host import Check, HostPlan, freeze
+from ._host import HostPlan, freeze
 
 # NumPy refuses deeper nesting anyway; the scan of nested sequences stops there.
 _MAX_NESTING = 64
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-def _out_of_range(values: np.ndarray[Any, Any], lo: int, hi: int) -> Any:
-    """A value of `values` that does not truncate into `[lo, hi]` (NaN and infinities never do), or None."""
-    if values.size == 0:
-        return None
-    with np.errstate(all="ignore"):  # NaN in a reduction of ml_dtypes floats warns
-        smallest, largest = values.min(), values.max()
-    if numeric_kind(values.dtype) == "i":
-        small, large = int(smallest), int(largest)
-        if small < lo:
-            return small
-        return large if large > hi else None
-    # Floats truncate towards zero: anything strictly between lo - 1 and hi + 1
-    # lands in range. Python compares its ints and floats exactly.
-    low, high = float(smallest), float(largest)
-    if low != low:  # NaN: `min` propagates it
-        return low
-    if not low > lo - 1:
-        return low
-    return high if not high < hi + 1 else None
-
-
-def _range_check(lo: int, hi: int, refusal: Callable[[Any], str]) -> Check:
-    """A check that every value of a block truncates into `[lo, hi]`, raising a
-    FrozenConstValueError with `refusal(value)` for the first that does not."""
-
-    def check(block: np.ndarray[Any, Any]) -> None:
-        bad = _out_of_range(block, lo, hi)
-        if bad is not None:
-            raise FrozenConstValueError(refusal(bad))
-
-    return check
 
 
 def host_plan(obj: Any, dtype: DTypeLike | None = None, what: str | None = None) -> HostPlan:
@@ -87,93 +51,22 @@ def host_plan(obj: Any, dtype: DTypeLike | None = None, what: str | None = None)
     """
     what = f"the `{type(obj).__name__}` it received" if what is None else what
     array = to_numpy(obj, dtype, what)
-    if dtype is None:
-        check_dtype(array.dtype, what)
-        held = held_dtype(array.dtype)
-    else:
-        check_numeric(array.dtype, what)  # converted, any numbers will do (float6 data to float32)
-        asked = np.dtype(dtype)  # `to_numpy` refused a bad one
-        check_dtype(asked, what, requested=True)
-        held = native(asked)
-    check = None
-    if held != array.dtype:
-        check_castable(array.dtype, held, what)  # some pairs of ml_dtypes types have no conversion
-        # Without `dtype=`, the conversion is JAX's narrowing (int64 to int32 without x64), said as such.
-        check = (value_check if dtype is not None else narrowing_check)(array.dtype, held, what)
-        if isinstance(obj, (list, tuple, int, float, complex)):
-            if check is not None:
-                check(array)
-            try:
-                array, check = np.asarray(obj, dtype=held), None
-            except (OverflowError, ValueError, TypeError) as err:  # pragma: no cover - checked above
-                message = f"FrozenConst cannot convert {what} to `{held}` ({err})."
-                raise FrozenConstValueError(message) from err
+    held, check, held_check = conversion(array.dtype, None if dtype is None else np.dtype(dtype), what)
+    if held != array.dtype and isinstance(obj, (list, tuple, int, float, complex)):
+        if check is not None:
+            check(array)
+        try:
+            array, check = np.asarray(obj, dtype=held), None
+        except (OverflowError, ValueError, TypeError) as err:  # pragma: no cover - checked above
+            message = f"FrozenConst cannot convert {what} to `{held}` ({err})."
+            raise FrozenConstValueError(message) from err
     weak = dtype is None and type(obj) in WEAK_TYPES
-    # Without `dtype=` the host holds JAX's own dtype, which narrows no further.
-    held_check = None if dtype is None else narrowing_check(held, held_dtype(held), what)
     return HostPlan(array, held, weak, check, held_check)
 
 
 def frozen_copy(obj: Any, dtype: DTypeLike | None = None, what: str | None = None) -> np.ndarray[Any, Any]:
     """What `FrozenConst(obj, dtype)` holds: planned (`host_plan`), then copied once and frozen."""
     return freeze(host_plan(obj, dtype, what))
-
-
-def value_check(from_dtype: np.dtype[Any], to_dtype: np.dtype[Any], what: str) -> Check | None:
-    """How to check, block by block, that converting `from_dtype` data to `to_dtype` keeps
-    every value (None when every value converts), or raise when no value would."""
-    s, t = numeric_kind(from_dtype), numeric_kind(to_dtype)
-    if s == "c" and t == "b":
-        raise FrozenConstTypeError(
-            f"FrozenConst will not convert {what}, of dtype `{from_dtype}`, to `bool`: NumPy and "
-            "`jnp.asarray` make each value True wherever its real or imaginary part is non-zero, "
-            "which is rarely what a constant means. Pass `obj != 0` explicitly if that is what "
-            "you want, or ask for a complex dtype."
-        )
-    if s == "c" and t != "c":
-        raise FrozenConstTypeError(
-            f"FrozenConst will not convert {what}, of dtype `{from_dtype}`, to `{to_dtype}`: that "
-            "discards the imaginary parts (NumPy's cast drops them with a ComplexWarning, and "
-            "`jnp.asarray` refuses a complex Python value there with a TypeError). Pass "
-            "`np.real(obj)` explicitly, or ask for a complex dtype."
-        )
-    if t != "i" or s == "b":
-        # To bool, floats and complex: NumPy's and `jnp.asarray`'s conversion,
-        # rounding to nearest (values beyond a float type's range become inf,
-        # or NaN for the float8 types without inf).
-        return None
-    lo, hi = int_range(to_dtype)
-    if s == "i":
-        src_lo, src_hi = int_range(from_dtype)
-        if lo <= src_lo and src_hi <= hi:
-            return None
-
-    if s == "i":
-        # Checked: `np.array([300]).astype(np.uint8)` is [44], without a warning;
-        # `jnp.asarray([300], jnp.uint8)` raises OverflowError.
-        others = (
-            "NumPy's cast would wrap it silently, and `jnp.asarray` refuses such a Python int "
-            "(OverflowError). Convert the data yourself first (for example `np.clip`, or "
-            "`arr.astype(dtype)` if wrapping is what you want), or choose a wider dtype."
-        )
-    else:
-        # Checked: NumPy casts NaN or 1e10 to int32 as -2**31 (with a RuntimeWarning
-        # for NumPy's own floats); `jnp.asarray` raises OverflowError or ValueError.
-        others = (
-            "NumPy's cast would give an arbitrary integer for it, and `jnp.asarray` refuses such "
-            "a Python float (OverflowError, or ValueError for NaN). Convert the data yourself "
-            "first (for example `np.clip`, `np.nan_to_num`), or choose a wider dtype."
-        )
-
-    return _range_check(
-        lo,
-        hi,
-        lambda bad: (
-            f"FrozenConst cannot convert {what} to `{to_dtype}`: it holds {bad!r}, which "
-            f"`{to_dtype}` cannot hold (its range is {lo} to {hi}; NaN and infinities have no integer "
-            "value). " + others
-        ),
-    )
 
 
 def check_narrowing(host: np.ndarray[Any, Any], device_dtype: DTypeLike, what: str = "its host data") -> None:
@@ -191,37 +84,6 @@ def check_narrowing(host: np.ndarray[Any, Any], device_dtype: DTypeLike, what: s
     check = narrowing_check(host.dtype, np.dtype(device_dtype), what)
     if check is not None:
         check(host)
-
-
-def narrowing_check(held: np.dtype[Any], device: np.dtype[Any], what: str) -> Check | None:
-    """How to check, block by block, that JAX can transfer data held as `held` as `device`
-    without changing a value's integer (None when every value transfers as it is).
-
-    Without `jax_enable_x64`, JAX narrows int64 data to int32 and uint64 to
-    uint32 on the device, wrapping every value outside the narrow range
-    (`jax.device_put(np.array([2**40]))` holds 0). Float narrowing (float64 to
-    float32) is allowed: it rounds, as `jnp.asarray` does, and values beyond
-    float32's range become infinities.
-    """
-    if device == held or numeric_kind(device) != "i" or numeric_kind(held) != "i":
-        return None
-    lo, hi = int_range(device)
-    src_lo, src_hi = int_range(held)
-    if lo <= src_lo and src_hi <= hi:
-        return None
-
-    return _range_check(
-        lo,
-        hi,
-        lambda bad: (
-            f"FrozenConst cannot put {what} on a device as {device}: it holds the {held} "
-            f"value {bad}, outside {device}'s range ({lo} to {hi}). JAX narrows {held} to {device} while "
-            "`jax_enable_x64` is off, and would wrap that value silently (`jnp.asarray` raises "
-            "OverflowError for such a Python int). Turn x64 on (`jax.config.update('jax_enable_x64', "
-            "True)`), or convert the data to a dtype that holds it on the device (for example "
-            "`dtype=np.float32`, which rounds)."
-        ),
-    )
 
 
 _PLAIN = frozenset({float, bool, complex})
@@ -335,11 +197,3 @@ def as_dtype(dtype: DTypeLike) -> np.dtype[Any]:
             f"FrozenConst needs a NumPy or JAX dtype for `dtype`, such as `np.float32`, `'int8'` "
             f"or `jnp.bfloat16`, but received {dtype!r} ({err})."
         ) from err
-
-
-def check_castable(from_dtype: np.dtype[Any], to_dtype: np.dtype[Any], what: str) -> None:
-    if not np.can_cast(from_dtype, to_dtype, casting="unsafe"):
-        raise FrozenConstTypeError(
-            f"FrozenConst cannot convert {what}, of dtype `{from_dtype}`, to `{to_dtype}`: NumPy has no "
-            "such conversion. Convert it in two steps, through float32."
-        )

@@ -5,6 +5,9 @@ is decided once per dtype (`supported`), by a transfer to its default device
 for any dtype beyond NumPy's numeric ones and bfloat16. `check_dtype` turns a
 refusal into a message that says what was received and what to pass instead;
 `numeric_kind` tells bool, integer, floating and complex apart (ml_dtypes' types too).
+`conversion` answers a construction's every dtype question at once: the dtype the
+host holds, and the range checks its copy runs (`value_check` for a conversion by
+`dtype=`, `narrowing_check` for JAX's narrowing of 64-bit integers without x64).
 """
 
 from __future__ import annotations
@@ -15,14 +18,14 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, NamedTuple, TypeAlias
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ._compat import eval_context, ml_dtypes_category
-from ._errors import FrozenConstTypeError
+from ._errors import FrozenConstTypeError, FrozenConstValueError
 
 
 def _jax_dtypes() -> frozenset[np.dtype[Any]]:
@@ -199,8 +202,7 @@ def held_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
         (dtype('float32'), dtype('float16'))
     """
     # `canonicalize_dtype` narrows only the native byte order (`>f8` stays `>f8` without x64).
-    held: np.dtype[Any] = np.dtype(jax.dtypes.canonicalize_dtype(native(dtype)))
-    return held
+    return np.dtype(jax.dtypes.canonicalize_dtype(native(dtype)))
 
 
 def _suggestion(dtype: np.dtype[Any]) -> str:
@@ -235,13 +237,6 @@ def check_dtype(dtype: np.dtype[Any], what: str, requested: bool = False) -> Non
     )
 
 
-def check_numeric(dtype: np.dtype[Any], what: str) -> None:
-    # A source converted by `dtype=` need not be a dtype JAX holds (float6 data
-    # to float32 is fine), but it must be numbers.
-    if numeric_kind(dtype) == "" and not supported(dtype):
-        check_dtype(dtype, what)
-
-
 def numeric_kind(dtype: np.dtype[Any]) -> str:
     """The kind of numbers: `b` bool, `i` integer, `f` floating, `c` complex (ml_dtypes'
     types too), or an empty string for anything else."""
@@ -265,3 +260,168 @@ _iinfo: Callable[[Any], Any] = jnp.iinfo
 def int_range(dtype: np.dtype[Any]) -> tuple[int, int]:
     info = _iinfo(dtype)
     return int(info.min), int(info.max)
+
+
+# A check of a block of values: raises where one would not survive.
+Check: TypeAlias = Callable[[np.ndarray[Any, Any]], None]
+
+
+class Conversion(NamedTuple):
+    """What the host holds (`conversion`): the dtype, and the checks its copy runs."""
+
+    dtype: np.dtype[Any]
+    check: Check | None
+    held_check: Check | None
+
+
+def conversion(from_dtype: np.dtype[Any], dtype: np.dtype[Any] | None, what: str) -> Conversion:
+    """What the host holds of `from_dtype` data asked for as `dtype` (None: the dtype JAX holds
+    it in now), and its copy's checks: `check` on the values before they are converted (by
+    `dtype=`, `value_check`; else JAX's narrowing, said as such), `held_check` on the values as
+    held (`narrowing_check`). Raises where JAX cannot hold a dtype or NumPy cannot convert.
+
+    Examples:
+        >>> import numpy as np
+        >>> conversion(np.dtype(np.float64), None, "data")   # x64 off
+        Conversion(dtype=dtype('float32'), check=None, held_check=None)
+    """
+    if dtype is None:
+        check_dtype(from_dtype, what)
+        held = held_dtype(from_dtype)
+    else:
+        # Data converted by `dtype=` need not be of a dtype JAX holds (float6 data to float32
+        # is fine), but it must be numbers.
+        if numeric_kind(from_dtype) == "":
+            check_dtype(from_dtype, what)
+        check_dtype(dtype, what, requested=True)
+        held = native(dtype)
+    check = None
+    if held != from_dtype:
+        if not np.can_cast(from_dtype, held, casting="unsafe"):  # some pairs of ml_dtypes types
+            raise FrozenConstTypeError(
+                f"FrozenConst cannot convert {what}, of dtype `{from_dtype}`, to `{held}`: NumPy has no "
+                "such conversion. Convert it in two steps, through float32."
+            )
+        check = (value_check if dtype is not None else narrowing_check)(from_dtype, held, what)
+    # Without `dtype=` the host holds JAX's own dtype, which narrows no further.
+    held_check = None if dtype is None else narrowing_check(held, held_dtype(held), what)
+    return Conversion(held, check, held_check)
+
+
+def value_check(from_dtype: np.dtype[Any], to_dtype: np.dtype[Any], what: str) -> Check | None:
+    """How to check, block by block, that converting `from_dtype` data to `to_dtype` keeps
+    every value (None when every value converts), or raise when no value would."""
+    s, t = numeric_kind(from_dtype), numeric_kind(to_dtype)
+    if s == "c" and t == "b":
+        raise FrozenConstTypeError(
+            f"FrozenConst will not convert {what}, of dtype `{from_dtype}`, to `bool`: NumPy and "
+            "`jnp.asarray` make each value True wherever its real or imaginary part is non-zero, "
+            "which is rarely what a constant means. Pass `obj != 0` explicitly if that is what "
+            "you want, or ask for a complex dtype."
+        )
+    if s == "c" and t != "c":
+        raise FrozenConstTypeError(
+            f"FrozenConst will not convert {what}, of dtype `{from_dtype}`, to `{to_dtype}`: that "
+            "discards the imaginary parts (NumPy's cast drops them with a ComplexWarning, and "
+            "`jnp.asarray` refuses a complex Python value there with a TypeError). Pass "
+            "`np.real(obj)` explicitly, or ask for a complex dtype."
+        )
+    if t != "i" or s == "b":
+        # To bool, floats and complex: NumPy's and `jnp.asarray`'s conversion,
+        # rounding to nearest (values beyond a float type's range become inf,
+        # or NaN for the float8 types without inf).
+        return None
+    lo, hi = int_range(to_dtype)
+    if s == "i":
+        src_lo, src_hi = int_range(from_dtype)
+        if lo <= src_lo and src_hi <= hi:
+            return None
+        # Checked: `np.array([300]).astype(np.uint8)` is [44], without a warning;
+        # `jnp.asarray([300], jnp.uint8)` raises OverflowError.
+        others = (
+            "NumPy's cast would wrap it silently, and `jnp.asarray` refuses such a Python int "
+            "(OverflowError). Convert the data yourself first (for example `np.clip`, or "
+            "`arr.astype(dtype)` if wrapping is what you want), or choose a wider dtype."
+        )
+    else:
+        # Checked: NumPy casts NaN or 1e10 to int32 as -2**31 (with a RuntimeWarning
+        # for NumPy's own floats); `jnp.asarray` raises OverflowError or ValueError.
+        others = (
+            "NumPy's cast would give an arbitrary integer for it, and `jnp.asarray` refuses such "
+            "a Python float (OverflowError, or ValueError for NaN). Convert the data yourself "
+            "first (for example `np.clip`, `np.nan_to_num`), or choose a wider dtype."
+        )
+
+    return _range_check(
+        lo,
+        hi,
+        lambda bad: (
+            f"FrozenConst cannot convert {what} to `{to_dtype}`: it holds {bad!r}, which "
+            f"`{to_dtype}` cannot hold (its range is {lo} to {hi}; NaN and infinities have no integer "
+            "value). " + others
+        ),
+    )
+
+
+def narrowing_check(held: np.dtype[Any], device: np.dtype[Any], what: str) -> Check | None:
+    """How to check, block by block, that JAX can transfer data held as `held` as `device`
+    without changing a value's integer (None when every value transfers as it is).
+
+    Without `jax_enable_x64`, JAX narrows int64 data to int32 and uint64 to
+    uint32 on the device, wrapping every value outside the narrow range
+    (`jax.device_put(np.array([2**40]))` holds 0). Float narrowing (float64 to
+    float32) is allowed: it rounds, as `jnp.asarray` does, and values beyond
+    float32's range become infinities.
+    """
+    if device == held or numeric_kind(device) != "i" or numeric_kind(held) != "i":
+        return None
+    lo, hi = int_range(device)
+    src_lo, src_hi = int_range(held)
+    if lo <= src_lo and src_hi <= hi:
+        return None
+
+    return _range_check(
+        lo,
+        hi,
+        lambda bad: (
+            f"FrozenConst cannot put {what} on a device as {device}: it holds the {held} "
+            f"value {bad}, outside {device}'s range ({lo} to {hi}). JAX narrows {held} to {device} while "
+            "`jax_enable_x64` is off, and would wrap that value silently (`jnp.asarray` raises "
+            "OverflowError for such a Python int). Turn x64 on (`jax.config.update('jax_enable_x64', "
+            "True)`), or convert the data to a dtype that holds it on the device (for example "
+            "`dtype=np.float32`, which rounds)."
+        ),
+    )
+
+
+def _range_check(lo: int, hi: int, refusal: Callable[[Any], str]) -> Check:
+    """A check that every value of a block truncates into `[lo, hi]`, raising a
+    FrozenConstValueError with `refusal(value)` for the first that does not."""
+
+    def check(block: np.ndarray[Any, Any]) -> None:
+        bad = _out_of_range(block, lo, hi)
+        if bad is not None:
+            raise FrozenConstValueError(refusal(bad))
+
+    return check
+
+
+def _out_of_range(values: np.ndarray[Any, Any], lo: int, hi: int) -> Any:
+    """A value of `values` that does not truncate into `[lo, hi]` (NaN and infinities never do), or None."""
+    if values.size == 0:
+        return None
+    with np.errstate(all="ignore"):  # NaN in a reduction of ml_dtypes floats warns
+        smallest, largest = values.min(), values.max()
+    if numeric_kind(values.dtype) == "i":
+        small, large = int(smallest), int(largest)
+        if small < lo:
+            return small
+        return large if large > hi else None
+    # Floats truncate towards zero: anything strictly between lo - 1 and hi + 1
+    # lands in range. Python compares its ints and floats exactly.
+    low, high = float(smallest), float(largest)
+    if low != low:  # NaN: `min` propagates it
+        return low
+    if not low > lo - 1:
+        return low
+    return high if not high < hi + 1 else None

@@ -24,9 +24,8 @@ from ._convert import frozen_copy, host_plan
 from ._derived import COPY, NO_LEAF, CopyMark, Derived, copy_record, know_copy, new_handle, rebuild
 from ._dtypes import check_conversion
 from ._errors import FrozenConstTypeError, FrozenConstValueError, FrozenConstWarning
-from ._host import freeze
 from ._host_memory import HostMemory, Residency, host_memory_choice, residency_choice
-from ._partial import as_shape, from_callback, from_source
+from ._partial import as_shape, from_callback, frozen_store
 from ._stats import ConstStats, const_stats
 from ._targets import Target, as_sharding
 
@@ -136,25 +135,21 @@ class FrozenConst(_StaticBase):
         host_memory: HostMemory | None = None,
         residency: Residency | None = None,
     ) -> None:
-        declared = None
         choice = host_memory_choice(host_memory)
         resides = None if residency is None else residency_choice(residency, host_memory)
         if isinstance(obj, FrozenConst):
             # The same store where nothing changes (no copy), else a frozen copy.
             store = obj._held().remade(dtype, choice, host_memory, resides)
-        else:
-            # Validated, its dtype, weak type and checks decided once (`host_plan`), then
-            # copied once: whole, or, for a memory-mapped source placed across processes,
-            # only the slices this process's devices address.
-            plan = host_plan(obj, dtype)
-            partial = from_source(plan, sharding, choice)
-            if partial is None:
-                store = Store(freeze(plan), choice, weak=plan.weak, residency=resides or "device")
-            else:
-                store, declared = partial, partial.home
-        if declared is None:
             declared = store.home if sharding is None else store.declare(sharding)
-        self._init(store, declared)
+        else:
+            # Validated, its dtype, weak type and checks decided once (`host_plan`), placed,
+            # then copied once: whole, or, for a memory-mapped source placed across
+            # processes, only the slices this process's devices address.
+            plan = host_plan(obj, dtype)
+            declared = None if sharding is None else as_sharding(sharding, plan.source.shape)
+            store = frozen_store(plan, declared, choice, resides or "device")
+        self._store = store
+        self._sharding = declared
 
     @classmethod
     def from_callback(
@@ -214,10 +209,6 @@ class FrozenConst(_StaticBase):
         choice = host_memory_choice(host_memory)
         return cls._of(from_callback(full, declared, data_callback, dtype, choice), declared)
 
-    def _init(self, store: Store | Derived, sharding: jax.sharding.Sharding | None) -> None:
-        self._store = store
-        self._sharding = sharding
-
     def _held(self) -> Store | Derived:
         """What the handle stands for: its store, or a copy's record, made on first need (the
         hot paths serve a copy from its array without one)."""
@@ -243,7 +234,8 @@ class FrozenConst(_StaticBase):
     def _of(cls, store: Store | Derived, sharding: jax.sharding.Sharding | None = None) -> FrozenConst:
         """A handle on `store`, every use of which gets `sharding`: no validation, no copy."""
         handle = new_handle(cls)
-        handle._init(store, sharding)
+        handle._store = store
+        handle._sharding = sharding
         return handle
 
     # -- the pytree protocol (registered below the class) ----------------------
@@ -926,11 +918,9 @@ def with_live_twin(x: FrozenConst) -> FrozenConst:
     """`x`, or where a constant of the same content is live, a handle on that one with `x`'s
     declared sharding: its host and device buffers, never a second copy."""
     store = x._held()  # pyright: ignore[reportPrivateUsage] - its own class's
-    twin = live_twin(store) if isinstance(store, Store) else None
-    if twin is None:
-        return x
     declared = x._declared()  # pyright: ignore[reportPrivateUsage]
-    return FrozenConst._of(twin, twin.home if declared is None else declared)  # pyright: ignore[reportPrivateUsage]
+    twin = live_twin(store) if isinstance(store, Store) else None  # a whole store: `home` is None
+    return x if twin is None else FrozenConst._of(twin, declared)  # pyright: ignore[reportPrivateUsage]
 
 
 def content_key(x: FrozenConst) -> tuple[str, bool]:

@@ -28,7 +28,7 @@ import contextlib
 import math
 import mmap
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeAlias
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -51,9 +51,6 @@ _PAGE_MATCH_MIN_BYTES = 4 << 20
 # meanwhile (see `HostPlan`).
 _CHECKED_BLOCK_BYTES = 1 << 20
 
-# A check of a block of values: raises where one would not survive.
-Check: TypeAlias = Callable[[np.ndarray[Any, Any]], None]
-
 
 class HostPlan(NamedTuple):
     """A construction, decided before anything is copied (`_convert.host_plan`): what `freeze` copies.
@@ -69,8 +66,8 @@ class HostPlan(NamedTuple):
     source: np.ndarray[Any, Any]
     dtype: np.dtype[Any]
     weak: bool = False
-    check: Check | None = None
-    held_check: Check | None = None
+    check: Callable[[np.ndarray[Any, Any]], None] | None = None
+    held_check: Callable[[np.ndarray[Any, Any]], None] | None = None
 
 
 def _address(array: np.ndarray[Any, Any]) -> int:

@@ -330,12 +330,9 @@ def place(host: np.ndarray[Any, Any], sharding: Sharding) -> jax.Array:
 HostCopy: TypeAlias = Pageable | Pinned | Resident
 
 
-def host_copy(
-    choice: HostMemory, residency: Residency = "device", host: np.ndarray[Any, Any] | None = None
-) -> HostCopy:
-    """The kind a constant built with `host_memory=choice` and `residency` keeps: `auto` is
-    pageable; `residency="host"` (which needs `host`, the frozen NumPy copy) is `Resident`."""
+def host_copy(choice: HostMemory, residency: Residency, host: np.ndarray[Any, Any]) -> HostCopy:
+    """The kind a constant built with `host_memory=choice` and `residency` keeps, beside `host`
+    (its frozen NumPy copy): `auto` is pageable; `residency="host"` is `Resident`."""
     if residency == "host":
-        assert host is not None
         return Resident(host)
     return Pinned() if choice == "pinned" else PAGEABLE

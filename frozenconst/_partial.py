@@ -30,8 +30,8 @@ from ._dtypes import check_dtype, native
 from ._errors import FrozenConstTypeError, FrozenConstValueError, NotAddressableError
 from ._frames import warn_degraded
 from ._host import HostPlan, freeze, freeze_parts, human_bytes
-from ._host_memory import HostMemory
-from ._targets import Target, as_sharding
+from ._host_memory import HostMemory, Residency
+from ._targets import Target
 
 # An index as (start, stop) per axis: hashable, and the same for equal slices
 # however JAX spelled them (`slice(None)` or `slice(0, n)`).
@@ -45,10 +45,6 @@ _GATHER = "jax.experimental.multihost_utils.process_allgather(x.on(x.declared_sh
 def _key(index: Index, shape: tuple[int, ...]) -> Bounds:
     # JAX's shardings give contiguous slices (step 1) along every axis.
     return tuple(s.indices(n)[:2] for s, n in zip(index, shape, strict=True))
-
-
-def _index(key: Bounds) -> Index:
-    return tuple(slice(a, b) for a, b in key)
 
 
 def describe(key: Bounds, shape: tuple[int, ...]) -> str:
@@ -86,8 +82,12 @@ def _indices(sharding: Sharding, shape: tuple[int, ...]) -> dict[Device, Index]:
     return {device: index for device, index in indices.items() if device.process_index == here}
 
 
-def _addressable(sharding: Sharding, shape: tuple[int, ...]) -> dict[Device, Bounds]:
-    return {device: _key(index, shape) for device, index in _indices(sharding, shape).items()}
+def _distinct(sharding: Sharding, shape: tuple[int, ...]) -> dict[Bounds, Index]:
+    # Each slice this process's devices address, once, with the index JAX gives its first device.
+    found: dict[Bounds, Index] = {}
+    for index in _indices(sharding, shape).values():
+        found.setdefault(_key(index, shape), index)
+    return found
 
 
 class PartialStore(Store):
@@ -211,7 +211,8 @@ class PartialStore(Store):
         slice, or a view of one that contains it. Raises if some are not held."""
         found: dict[Device, np.ndarray[Any, Any]] = {}
         missing: list[str] = []
-        for device, key in _addressable(sharding, self.shape).items():
+        for device, index in _indices(sharding, self.shape).items():
+            key = _key(index, self.shape)
             part = self.slices.get(key)
             if part is None:
                 part = self._within(key)
@@ -271,23 +272,24 @@ def pageable(host_memory: HostMemory) -> None:
         )
 
 
-def from_source(plan: HostPlan, target: Target | None, host_memory: HostMemory) -> PartialStore | None:
-    """Where `plan`'s source is memory-mapped (a slice reads only its pages) and `target` spans
-    several processes, a partial constant of the slices this process's devices address, each
-    frozen as `plan` says; else None."""
+def frozen_store(
+    plan: HostPlan, home: Sharding | None, host_memory: HostMemory, residency: Residency
+) -> Store:
+    """The store `plan` is frozen into, declared on `home`: where the source is memory-mapped (a
+    slice reads only its pages) and `home` spans several processes, the slices this process's
+    devices address, each frozen as `plan` says; else the whole, in `host_memory` and `residency`."""
     view = plan.source
-    if (
-        target is None
-        or not lazily_sliceable(view)
-        or not spans_processes(home := as_sharding(target, view.shape))
-    ):
-        return None
-    pageable(host_memory)
-    slices: dict[Bounds, np.ndarray[Any, Any]] = {}
-    for key in _addressable(home, view.shape).values():
-        if key not in slices:
-            slices[key] = freeze(plan._replace(source=view[_index(key)]))
-    return PartialStore(view.shape, plan.dtype, home, slices, "a memory-mapped array")
+    if home is not None and lazily_sliceable(view) and spans_processes(home):
+        pageable(host_memory)
+        indices = _distinct(home, view.shape)
+        return PartialStore(
+            view.shape,
+            plan.dtype,
+            home,
+            {key: freeze(plan._replace(source=view[index])) for key, index in indices.items()},
+            "a memory-mapped array",
+        )
+    return Store(freeze(plan), host_memory, weak=plan.weak, residency=residency)
 
 
 def as_shape(shape: Any) -> tuple[int, ...]:
@@ -326,21 +328,20 @@ def from_callback(
     if requested is not None:
         check_dtype(requested, "the data `data_callback` returns", requested=True)
     slices: dict[Bounds, np.ndarray[Any, Any]] = {}
-    for index in _indices(sharding, full).values():
-        key = _key(index, full)
-        if key not in slices:
-            part = _slice_from(data_callback, index, key, full, requested)
-            if want is None:
-                want = part.dtype
-            elif part.dtype != want:
-                first = describe(next(iter(slices)), full)
-                raise FrozenConstTypeError(
-                    f"`data_callback` returned {part.dtype} data for index {describe(key, full)} and "
-                    f"{want} data for index {first}: without `dtype=`, every slice must have the "
-                    "dtype of the first (as `jax.make_array_from_callback` requires). Pass `dtype=` "
-                    "to convert every slice to one dtype."
-                )
-            slices[key] = part
+    indices = _distinct(sharding, full)
+    for key, index in indices.items():
+        part = _slice_from(data_callback, index, key, full, requested)
+        if want is None:
+            want = part.dtype
+        elif part.dtype != want:
+            first = describe(next(iter(slices)), full)
+            raise FrozenConstTypeError(
+                f"`data_callback` returned {part.dtype} data for index {describe(key, full)} and "
+                f"{want} data for index {first}: without `dtype=`, every slice must have the "
+                "dtype of the first (as `jax.make_array_from_callback` requires). Pass `dtype=` "
+                "to convert every slice to one dtype."
+            )
+        slices[key] = part
     if want is None:
         raise FrozenConstValueError(
             f"FrozenConst.from_callback needs `dtype=` here: none of the devices of {sharding} is in "
@@ -350,7 +351,7 @@ def from_callback(
         )
     if not spans_processes(sharding):
         # Every slice is here: one whole buffer, as `FrozenConst(array)` holds.
-        return Store(freeze_parts(full, want, [(_index(k), p) for k, p in slices.items()]), host_memory)
+        return Store(freeze_parts(full, want, [(indices[k], p) for k, p in slices.items()]), host_memory)
     pageable(host_memory)
     return PartialStore(full, want, sharding, slices, "`FrozenConst.from_callback`")
 

@@ -18,7 +18,7 @@ import frozenconst
 
 # The function every range check scans with, the plan maker and the copy, counted and
 # driven here: they have no public seam.
-from frozenconst import FrozenConst, FrozenConstValueError, _convert, _frozen, _host
+from frozenconst import FrozenConst, FrozenConstValueError, _convert, _dtypes, _frozen, _host
 
 _ROWS = 300_000  # int64 rows: more than two of `_host`'s checked blocks (1 MiB each)
 
@@ -28,7 +28,7 @@ def _counted(monkeypatch, make: Callable[[], object]) -> tuple[dict[tuple[int, i
     plans it made, and what it made."""
     scanned: collections.Counter[tuple[int, int]] = collections.Counter()
     plans = []
-    real_scan, real_plan = _convert._out_of_range, _convert.host_plan
+    real_scan, real_plan = _dtypes._out_of_range, _convert.host_plan
 
     def scan(values, lo, hi):
         scanned[lo, hi] += values.size
@@ -39,7 +39,7 @@ def _counted(monkeypatch, make: Callable[[], object]) -> tuple[dict[tuple[int, i
         return real_plan(*args, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(_convert, "_out_of_range", scan)
+        patch.setattr(_dtypes, "_out_of_range", scan)
         patch.setattr(_convert, "host_plan", plan)
         patch.setattr(_frozen, "host_plan", plan)
         made = make()
