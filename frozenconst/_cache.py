@@ -1,16 +1,10 @@
 """The device cache: one `jax.Array` per placement, transferred once from the frozen host buffer.
 
-`Store.array` is the path every use of a constant takes, a hit one dict lookup (one slot,
-`Store.hot`, for the default placement while no `jax.default_device` is in force). Where a
-buffer is dropped (`evict`) or lost (donated, deleted), the functions in `STATE.dropped` are told:
-that is how compiled programs holding it let go (`_hoist.dropped`), without this module
-knowing of any jit.
-
-Two kinds of use never take the hit: while a device budget is in force (`STATE.budget`, set by
-`_budget`), every use comes to `Store._fill`, which notes when the constant was last used and
-has the budget make room before a transfer; a host-resident constant (`residency="host"`) is
-moved to the device at each use (`_host_memory.Resident`). Neither fills `served` or `hot`, so
-the hit of every other constant, while no budget is set, is what it was.
+`Store.array` is the path every use takes, a hit one dict lookup (`Store.hot` for the default
+placement). A buffer dropped (`evict`) or lost (donated, deleted) is told to `STATE.dropped`, so
+that compiled programs holding it let go (`_hoist.dropped`) without this module knowing of jit.
+While a device budget is in force (`_budget`), and for a host-resident constant, every use
+comes to `Store._fill` instead, so the hit of every other constant is what it was.
 """
 
 from __future__ import annotations

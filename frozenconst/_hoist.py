@@ -1,23 +1,16 @@
 """Where it is decided that a compiled program keeps a FrozenConst out, or embeds it and says so.
 
-Every program JAX compiles is lowered once, through one function (`_compat_lowering.HOISTING.lower`):
-`jax.jit` functions and everything built on them (`eqx.filter_jit`, `nnx.jit`,
-`frozenconst.jit`, a library's own jit, `pmap`, eager `jax.numpy` calls), and `jax.export`.
-`lower` (installed by `_install`) looks at the program about to be lowered: each FrozenConst
-buffer it uses above `EMBED_MAX_BYTES` becomes a parameter of the executable, through JAX's own
-machinery for hoisted constants, which passes the buffer at each call, on the C++ fast path.
-Under JAX's default pipeline the program holds such a buffer as embedded data: `hoist` turns it
-into a literal and lowering runs with hoisting on. Under the simplified pipeline JAX hoists
-literals itself: a FrozenConst used many times is passed once (`const_args`), not once per use.
+Every program JAX compiles (`jax.jit` and all built on it, eager `jax.numpy` calls, `pmap`,
+`jax.export`) is lowered through one function, which `lower` wraps (`_install`): each FrozenConst
+buffer the program uses above `EMBED_MAX_BYTES` becomes a parameter of the executable, through
+JAX's own machinery for hoisted constants (passed at each call, on the C++ fast path). Under
+JAX's default pipeline `hoist` first turns such a buffer into a literal; under the simplified
+one JAX hoists literals itself, and `const_args` passes a constant once, not once per use.
 
-What cannot be kept out is embedded, as JAX embeds any array, and a `FrozenConstWarning` says
-so once per constant, case and line of user code, with the fix for that case (`_FIXES`): an exported program
-(`jax.export` carries its constants), a constant whose buffer was deleted behind frozenconst's
-back, a program JAX refuses to take it as a parameter of (committed to another device than the
-program's), a program with mutable references whose pure form JAX makes where frozenconst
-cannot follow (`discharged`). A jitted call that donates a state holding a constant donates
-everything else in it: the constant's buffer is kept (`_undonated`). Nothing else changes: a
-program without a FrozenConst lowers exactly as JAX lowers it.
+What cannot be kept out is embedded, as JAX embeds any array, and a `FrozenConstWarning` says so
+once per constant, case and line, with the case's fix (`_FIXES`). A jitted call that donates a
+state holding a constant keeps the constant's buffer (`_undonated`). A program without a
+FrozenConst lowers exactly as JAX lowers it.
 
 A program that holds a constant's buffer must never outlive it: where the buffer is dropped
 (`x.evict()`) or lost (donated, deleted), `dropped` clears JAX's caches once, so every such
