@@ -1,14 +1,10 @@
 """A value derived from a constant inside a transformation: what a `FrozenConst` holds there.
 
-When a transformation rebuilds a FrozenConst from a pytree leaf that is not one
-of a constant's own device buffers (a tracer inside `jit`/`grad`/`vmap`, a
-gradient, a mapped result, whatever `tree_map` produced), the FrozenConst it
-hands back holds a `Derived` where a constant holds its `_cache.Store`. It keeps
-the type, so code written against FrozenConst runs unchanged (as JAX's `Tracer`
-stands where a `jax.Array` stood), but it never claims the original's host data.
-A copy made outside any trace (a jitted step's output, an optimizer's update) holds its
-`jax.Array` alone until something asks for more than the array (`FrozenConst._held`):
-a step rebuilds many, and one object each was a measurable part of it.
+A FrozenConst rebuilt from a leaf that is not a constant's own device buffer (a tracer, a
+gradient, whatever `tree_map` produced) holds a `Derived` where a constant holds its
+`_cache.Store`: the type stays, as a `Tracer` stands where a `jax.Array` stood, but it never
+claims the original's host data. A concrete copy holds its `jax.Array` alone until something
+asks for more (`FrozenConst._held`): a step rebuilds many.
 
 Why not a subclass of FrozenConst: JAX keys pytree nodes by exact type, so a
 subclass is a node of its own, and `jax.tree.map(f, model, grads)` over a model
