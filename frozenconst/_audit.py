@@ -218,10 +218,6 @@ def _duplicate_bytes(constants: tuple[CapturedConstant, ...], pipeline: str) -> 
     return duplicate
 
 
-def _pipeline() -> str:
-    return "simplified" if SIMPLIFIED_CONSTANTS else "default"
-
-
 def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
     """Trace `fun` (without running or compiling it) and report every constant it captures.
 
@@ -282,7 +278,7 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
     constants = [CapturedConstant(**found[k]) for k in order]
     constants.sort(key=lambda c: -c.nbytes)
     total = sum(c.nbytes for c in constants)
-    pipeline = _pipeline()
+    pipeline = "simplified" if SIMPLIFIED_CONSTANTS else "default"
     return AuditReport(tuple(constants), pipeline, total, _duplicate_bytes(tuple(constants), pipeline))
 
 

@@ -153,12 +153,8 @@ def _note_non_array(err: Exception) -> None:
 
 def _holds_constant(args: Any, kwargs: Any) -> bool:
     """Whether the call's arguments hold a FrozenConst: each call flattens it to its buffer afresh."""
-    leaves = jax.tree_util.tree_leaves((args, kwargs), is_leaf=_is_frozen)
+    leaves = jax.tree_util.tree_leaves((args, kwargs), is_leaf=lambda x: isinstance(x, FrozenConst))
     return any(isinstance(leaf, FrozenConst) for leaf in leaves)
-
-
-def _is_frozen(value: Any) -> bool:
-    return isinstance(value, FrozenConst)
 
 
 def _options_of(frame: types.FrameType) -> Options | None:
