@@ -118,24 +118,16 @@ def _import(where: str) -> ModuleType:
     sys.path.insert(0, str(pathlib.Path.cwd()))
     try:
         return importlib.import_module(where)
-    except ModuleNotFoundError as err:
-        if err.name is not None and (where == err.name or where.startswith(err.name + ".")):
-            _fail(EXIT_LOAD, f"no module named {err.name!r} (on sys.path, with {pathlib.Path.cwd()} first)")
-        _fail(EXIT_LOAD, f"importing {where} raised {_one_line(err)}", err)
     except Exception as err:
+        missing = err.name if isinstance(err, ModuleNotFoundError) else None
+        if missing is not None and (where == missing or where.startswith(missing + ".")):
+            _fail(EXIT_LOAD, f"no module named {missing!r} (on sys.path, with {pathlib.Path.cwd()} first)")
         _fail(EXIT_LOAD, f"importing {where} raised {_one_line(err)}", err)
-
-
-def load(qualified: str, module: ModuleType | None = None) -> Callable[..., Any]:
-    """`package.module:function` or `path/to/file.py:function` (attributes may be dotted).
-
-    `:function` alone names a function of `module` (the audited function's, for
-    `--args-from`).
-    """
-    return _resolve(qualified, module)[0]
 
 
 def _resolve(qualified: str, module: ModuleType | None) -> tuple[Callable[..., Any], ModuleType]:
+    """`package.module:function` or `path/to/file.py:function` (dotted attributes too), and its
+    module; `:function` alone names one of `module` (the audited function's, for `--args-from`)."""
     where, sep, name = qualified.rpartition(":")
     if not sep or not name or (not where and module is None):
         _fail(EXIT_USAGE, f"expected MODULE:FUNCTION or path/to/file.py:FUNCTION, got {qualified!r}")
@@ -250,7 +242,7 @@ def _audit(args: argparse.Namespace) -> int:
 
     fun, module = _resolve(args.function, None)
     if args.args_from is not None:
-        factory = load(args.args_from, module)
+        factory, _ = _resolve(args.args_from, module)
         named = args.args_from if not args.args_from.startswith(":") else f"{module.__name__}{args.args_from}"
         positional, keywords = _example_arguments(factory, named)
     else:

@@ -21,11 +21,8 @@ from ._refusals import refused_as_array
 
 Kind = Literal["numpy", "jax", "frozenconst"]
 
-# Constants up to `EMBED_MAX_BYTES` (4 KiB) are not worth a line of advice:
-# cheaper embedded than passed (JAX itself embeds anything up to
-# `jax_embedded_constants_max_bytes`, 32 bytes, as a literal), and what every jit
-# embeds of a FrozenConst too. Above it, every jit takes a FrozenConst as a
-# parameter (`_hoist`), so the audit advises one for every larger array JAX embeds.
+# Constants up to `EMBED_MAX_BYTES` are not worth a line of advice: cheaper embedded than
+# passed, as every jit embeds a FrozenConst that small (`_hoist`).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,10 +218,6 @@ def _duplicate_bytes(constants: tuple[CapturedConstant, ...], pipeline: str) -> 
     return duplicate
 
 
-def _pipeline() -> str:
-    return "simplified" if SIMPLIFIED_CONSTANTS else "default"
-
-
 def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
     """Trace `fun` (without running or compiling it) and report every constant it captures.
 
@@ -285,7 +278,7 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
     constants = [CapturedConstant(**found[k]) for k in order]
     constants.sort(key=lambda c: -c.nbytes)
     total = sum(c.nbytes for c in constants)
-    pipeline = _pipeline()
+    pipeline = "simplified" if SIMPLIFIED_CONSTANTS else "default"
     return AuditReport(tuple(constants), pipeline, total, _duplicate_bytes(tuple(constants), pipeline))
 
 

@@ -6,15 +6,11 @@ the budget, `DeviceBudget.make_room` evicts the device buffers of the least rece
 other constants until the new one fits. They transfer again at their next use (from the
 page-locked copy where the constant keeps one).
 
-What is counted is what is on the device: every device buffer a constant caches. An evicted
-buffer leaves the cache, and the programs that hold it as a parameter let go of it
-(`STATE.dropped`: JAX compiles them again at their next call); where something else still
-holds it (the program being traced right now, the user's own `jnp.asarray(x)`), it stays on
-the device, so it is taken back into the cache, in use, and the next least recently used is
-tried. Memory that a running or enqueued program still reads is returned by JAX only when
-that program has run: before the transfer that needs the room, frozenconst waits for the work
-already enqueued on the device (`_drain`). Where the constants in use leave no room, the use
-raises, naming the sizes.
+What is counted is every device buffer a constant caches. An evicted buffer leaves the cache,
+and programs holding it let go (`STATE.dropped`); one still held elsewhere (the program being
+traced, the user's `jnp.asarray(x)`) stays on the device, so it is taken back, and the next is
+tried. JAX returns memory an enqueued program reads only once it has run: the transfer waits
+for that work first (`_drain`).
 """
 
 from __future__ import annotations
@@ -106,9 +102,8 @@ def _what(store: Store | None) -> str:
 
 
 def held_bytes(holding: Store | None = None) -> dict[Device, int]:
-    """Bytes of the device buffers every live constant caches, per device (a buffer served
-    under two placements, the default and a committed view of it, counted once). `holding`:
-    the store whose lock the caller holds."""
+    """Bytes of the device buffers every live constant caches, per device, each buffer once
+    (`holding`: the store whose lock the caller holds)."""
     buffers: dict[tuple[Any, int], int] = {}
     for store in list(STATE.live):
         for _, array in store.device_buffers(locked=store is holding):
@@ -175,9 +170,8 @@ def _evict(keep: Store | None, over: dict[Device, int]) -> set[Device]:
 def _release(
     store: Store, found: list[tuple[Any, jax.Array]]
 ) -> list[tuple[Any, weakref.ref[jax.Array], list[tuple[Any, int, int]]]]:
-    """Drop `found` (keys in `store._made` and their buffers) from the cache: for each, its key,
-    a weak reference that tells whether it went, and what it frees, by device and address
-    (the default buffer and a committed view of it are one buffer)."""
+    """Drop `found` (keys in `store._made`, buffers) from the cache: for each, its key, a weak
+    reference that tells whether it went, and what it frees, by device and address."""
     dropped = []
     for made, array in found:
         dropped.append((made, weakref.ref(array), _pieces(array)))
@@ -186,10 +180,8 @@ def _release(
 
 
 def _drain(devices: set[Device]) -> None:
-    """Wait for the work enqueued on `devices` so far: a program enqueued before reads the
-    buffers just evicted, and JAX returns their memory only once it has run. A device runs
-    its programs in the order they were enqueued, so a trivial one enqueued now finishes after
-    them."""
+    """Wait for the work enqueued on `devices` so far (which may read the buffers just evicted): a
+    device runs its programs in order, so a trivial one enqueued now finishes after them."""
     for device in devices:
         with jax.transfer_guard("allow"):
             jnp.zeros((), jnp.int8, device=device).block_until_ready()

@@ -1,16 +1,10 @@
 """The device cache: one `jax.Array` per placement, transferred once from the frozen host buffer.
 
-`Store.array` is the path every use of a constant takes, a hit one dict lookup (one slot,
-`Store.hot`, for the default placement while no `jax.default_device` is in force). Where a
-buffer is dropped (`evict`) or lost (donated, deleted), the functions in `STATE.dropped` are told:
-that is how compiled programs holding it let go (`_hoist.dropped`), without this module
-knowing of any jit.
-
-Two kinds of use never take the hit: while a device budget is in force (`STATE.budget`, set by
-`_budget`), every use comes to `Store._fill`, which notes when the constant was last used and
-has the budget make room before a transfer; a host-resident constant (`residency="host"`) is
-moved to the device at each use (`_host_memory.Resident`). Neither fills `served` or `hot`, so
-the hit of every other constant, while no budget is set, is what it was.
+`Store.array` is the path every use takes, a hit one dict lookup (`Store.hot` for the default
+placement). A buffer dropped (`evict`) or lost (donated, deleted) is told to `STATE.dropped`, so
+that compiled programs holding it let go (`_hoist.dropped`) without this module knowing of jit.
+While a device budget is in force (`_budget`), and for a host-resident constant, every use
+comes to `Store._fill` instead, so the hit of every other constant is what it was.
 """
 
 from __future__ import annotations
@@ -55,10 +49,8 @@ _REPR_MAX_ELEMENTS = 64
 
 @functools.lru_cache(maxsize=64)
 def _default_device(setting: Any) -> Device:
-    # Mirrors how `jax.device_put(x)` picks a device when given none: the
-    # `jax_default_device` setting (a device or a platform name), else the
-    # first local device of the default backend. Cached: the devices of a
-    # process never change once its backends are up.
+    # As `jax.device_put(x)` picks one: the `jax_default_device` setting (a device or a platform
+    # name), else the default backend's first. Cached: a process's devices never change.
     device: Device
     if setting is None:
         device = jax.local_devices()[0]
@@ -119,20 +111,12 @@ _ABSENT = object()
 class LiveStores:
     """Every live store, filed so that finding a constant's twin is one lookup, not a scan.
 
-    A new store is only added to `fresh`, as to a `weakref.WeakSet`: a plain construction
-    computes no fingerprint, takes no lock, and costs what the set of live stores always cost.
-    (`fresh` is a dict, not a set: taking one entry out of a set once large scans its whole
-    table, and of a dict takes the last.)
-    A lookup (`twin`) files the fresh stores under their shape and dtype, then digests those of
-    its own shape and dtype filed since the last such lookup and files each again under its
-    content (`fingerprint`, weak type, host memory), where it reads its twin: each constant is
-    filed once, digested at most once, and only where one of its shape and dtype is looked up.
-    A store's entry goes when it dies, and an emptied bucket with it.
-
-    `fresh` changes by single dict operations (atomic under the GIL, locked in free-threaded
-    builds); `buckets` and `filed` (each filed store's bucket) change under `lock`; `lookups`
-    lets one lookup at a time file and digest (outside `lock`, so a construction never
-    waits on a digest), so that two lookups of one content find each other.
+    A construction only adds to `fresh` (a dict: taking one entry out of a large set scans its
+    table), with no digest and no lock. A lookup (`twin`) files the fresh stores by shape and
+    dtype, then digests those of its own shape and dtype and files them by content: each
+    constant is digested at most once, and only where its shape and dtype are looked up.
+    `buckets` and `filed` change under `lock`; `lookups` lets one lookup at a time digest
+    (outside `lock`), so that two lookups of one content find each other.
     """
 
     def __init__(self) -> None:
@@ -285,10 +269,7 @@ def in_device_memory(array: jax.Array) -> bool:
 
 
 def set_accounting(enabled: bool) -> None:
-    """Count cache hits (the default), or not. Transfers and bytes are always accounted.
-
-    The benchmark suite measures the cost of counting against not counting.
-    """
+    """Count cache hits (the default), or not. Transfers and bytes are always accounted."""
     STATE.accounting = bool(enabled)
 
 
@@ -319,15 +300,12 @@ def _weakly_typed(array: jax.Array) -> jax.Array:
 
 
 class Owners:
-    """Whose cached array each device buffer is: a pytree rebuilt from the constant's own
-    buffer (a jit output passed through, `eqx.combine`, a flax NNX state round trip) is the
-    constant again.
+    """Whose cached array each device buffer is, so that a pytree rebuilt from the constant's own
+    buffer (a jit output, `eqx.combine`, an NNX state round trip) is the constant again.
 
-    `refs` maps the id of a cached array to a weak reference to its store, read with one
-    dict lookup and no lock (by `owner_of`, and inlined in `_derived.rebuild`); it changes
-    under the lock (reentrant: a store's weak reference may die, and call `forget`, while
-    the lock is held). Ids can be reused after an array dies, so a reader confirms by
-    identity (`Store.sharding_of`). A store's entries go when the store dies.
+    `refs` (array id to weak store reference) is read without a lock; it changes under the
+    reentrant lock (a dying store calls `forget` while it is held). Ids are reused, so a reader
+    confirms by identity (`Store.sharding_of`).
     """
 
     def __init__(self) -> None:
@@ -503,12 +481,8 @@ class Store:
         self._made: dict[tuple[Sharding | None, Device | None, np.dtype[Any]], jax.Array] = {}
 
     def device_dtype(self) -> np.dtype[Any]:
-        """The dtype JAX computes this constant's data with now (`x.dtype`), kept per x64 setting.
-
-        JAX reads `x.dtype` in its own calls (`jnp.add(x, 1)`), so this is on the
-        cache-hit path: a list index, where `held_dtype` canonicalizes afresh
-        (`python -m benchmarks compare`, "cache hit jnp.add(x, 1)").
-        """
+        """The dtype JAX computes this constant's data with now (`x.dtype`), kept per x64 setting:
+        JAX reads it on the cache-hit path (`jnp.add(x, 1)`), where `held_dtype` costs more."""
         x64: bool = X64.value
         found = self.device_dtypes[x64]
         if found is None:
@@ -556,17 +530,15 @@ class Store:
         return Store(self.whole(what), "pageable", weak=self.weak, residency=residency)
 
     def in_host_memory(self, host_memory: HostMemory) -> Store:
-        """The store of `FrozenConst(x, host_memory=...)`: this one where its host memory is what
-        `host_memory` asks for (`auto` takes either), else one sharing its frozen NumPy copy (which
-        nobody can write) with the other kind."""
+        """The store of `FrozenConst(x, host_memory=...)`: this one where it holds that kind (`auto`:
+        either), else one sharing its frozen NumPy copy."""
         if host_memory in ("auto", self.host_memory):
             return self
         return Store(self.whole(f"FrozenConst(x, host_memory={host_memory!r})"), host_memory, weak=self.weak)
 
     @property
     def host_nbytes(self) -> int:
-        """Bytes of host memory this process holds for the constant: its frozen buffers and a
-        page-locked copy."""
+        """Bytes of host memory this process holds for the constant: frozen buffers, page-locked copy."""
         resident = sum(a.nbytes for a in self.arrays(device=False)) if self.memory.streams else 0
         return sum(b.nbytes for b in self.host_buffers()) + self.memory.nbytes + resident
 
@@ -589,10 +561,8 @@ class Store:
         host_memory: HostMemory | None,
         residency: Residency | None,
     ) -> Store:
-        """The store of `FrozenConst(x, dtype, host_memory=..., residency=...)` (`choice`: `host_memory`
-        checked): this one where nothing changes (no copy), else a store of its frozen copy, or of
-        one in `dtype`, placed in host memory as any new constant is; residing where it does,
-        unless asked. A dtype asked for makes it strongly typed, as `jnp.asarray(a, dtype)` does."""
+        """The store of `FrozenConst(x, dtype, host_memory=..., residency=...)`: this one where nothing
+        changes, else a new one (a dtype asked for makes it strongly typed, as `jnp.asarray` does)."""
         resides = residency_choice(self.residency, host_memory) if residency is None else residency
         if dtype is not None and native(as_dtype(dtype)) != self.dtype:
             host = self.whole(f"FrozenConst(x, dtype={dtype!r})")
@@ -617,16 +587,9 @@ class Store:
     # -- the device side -------------------------------------------------------
 
     def array(self, sharding: Sharding | None = None) -> jax.Array:
-        """What a use of the constant gets: its device buffer with `sharding` (None: on the
-        default device, in the dtype JAX would give the host data now), concrete inside a
-        trace too, as a closed-over `jax.Array` is.
-
-        The one cache-hit path: every use (`jnp` calls, jit arguments, `x.on`) comes here, and
-        a hit is one dict lookup; it builds the key of `served` (see above `Store`) itself,
-        which as a call cost a measurable part of a hit (`python -m benchmarks compare`, rows
-        "cache hit ...: ratio to the one-slot floor"). `FrozenConst.__jax_array__` inlines the
-        hit of the default placement under no `jax.default_device` (`hot`), its one marked
-        copy, and comes here for the rest.
+        """What a use gets: its device buffer with `sharding` (None: the default device), concrete
+        inside a trace too. The one cache-hit path (one dict lookup, its key built inline: a call
+        costs a measurable part of a hit); `FrozenConst.__jax_array__` inlines the `hot` hit.
         """
         setting = DEFAULT_DEVICE.value
         key = setting if sharding is None and self._by_device else (sharding, setting, X64.value)
@@ -640,13 +603,8 @@ class Store:
         return array
 
     def _fill(self, sharding: Sharding | None, setting: Any, key: Any) -> jax.Array:
-        """The device buffer for a use with `sharding` under the `jax_default_device`
-        `setting`, made where none is cached, and served from now on under `key`.
-
-        Not served while a device budget is in force (each use comes here, noted in `used`,
-        and a transfer first has the budget make room), nor for a host-resident constant,
-        whose cached buffer is page-locked host memory and each use gets it moved to the
-        device (`Resident.stream`)."""
+        """The device buffer for a use with `sharding` under the `jax_default_device` `setting`,
+        made where none is cached; a host-resident constant's moved to the device (`Resident.stream`)."""
         array, lost = self._cached(sharding, setting, key)
         if lost:
             self._lost()
@@ -704,10 +662,8 @@ class Store:
         return array, lost
 
     def item(self, sharding: Sharding | None, index: Any) -> jax.Array | None:
-        """`x[index]` of a host-resident constant: inside a trace, sliced in host memory and only
-        the slice moved to the device by the program; eagerly, a basic index's part of the frozen
-        NumPy copy transferred. None for any other use (the caller then indexes
-        `x.__jax_array__()`, the whole constant moved)."""
+        """`x[index]` of a host-resident constant, only the slice moved to the device (traced: sliced
+        in host memory; eager: a basic index of the host copy); None for any other use."""
         memory = self.memory
         if not isinstance(memory, Resident) or not memory.streams:
             return None
@@ -747,8 +703,7 @@ class Store:
         return {d: shard for d in sharding.addressable_devices}
 
     def device_buffers(self, locked: bool = False) -> list[tuple[Any, jax.Array]]:
-        """Each cached buffer in device memory, with its key in `_made` (`locked`: the caller
-        holds this store's lock, as `_fill` does while a budget makes room)."""
+        """Each cached buffer in device memory, with its key in `_made` (`locked`: the lock is held)."""
         with _UNLOCKED if locked else self._lock:
             return [(k, a) for k, a in self._made.items() if not a.is_deleted() and in_device_memory(a)]
 
@@ -765,24 +720,21 @@ class Store:
             return array
 
     def unserve(self) -> None:
-        """Serve nothing from `served` and `hot` until the next `_fill` with no budget in force:
-        a budget set now sees every use (`_budget.set_device_budget`)."""
+        """Serve nothing from `served` and `hot`, so that a budget set now sees every use."""
         with self._lock:
             self.served.clear()
             self.hot = None
 
     def readopt(self, made: Any, array: jax.Array) -> None:
-        """Cache `array` under `made` again: a buffer a budget dropped that something else still
-        holds (so it stays on the device), served again rather than transferred twice."""
+        """Cache `array` under `made` again: a dropped buffer still held elsewhere."""
         with self._lock:
             if made not in self._made:
                 self._made[made] = array
                 OWNERS.add(array, self)
 
     def _disown(self, array: jax.Array) -> None:
-        """Drop `array`, a buffer no longer served, from `OWNERS` (called under the lock): a
-        buffer deleted behind our back or evicted, replaced over and over, would otherwise
-        leave an entry per replacement while the constant lives."""
+        """Drop `array`, a buffer no longer served, from `OWNERS` (under the lock), so that buffers
+        replaced over and over leave no entry each."""
         if not any(a is array for a in self._made.values()):
             OWNERS.discard(array, self)
 
@@ -793,11 +745,8 @@ class Store:
             self.hot = array
 
     def _lost(self) -> None:
-        """A device buffer of this constant was deleted behind our back (donated to a jitted
-        function, or `jnp.asarray(x).delete()`), and a new one made: programs that held the old
-        one let go of it (`STATE.dropped`), and from now on programs embed the constant (`volatile`)
-        rather than hold a buffer the next donation deletes. The user hears of it at each line that
-        meets the loss. (A jitted call never donates a constant's buffer: `_hoist._undonated`.)"""
+        """A device buffer was deleted behind our back and made again: programs holding it let go
+        (`STATE.dropped`), and embed the constant from now on (`volatile`), out of a donation's reach."""
         self.volatile = True
         for hook in STATE.dropped:
             hook(self, False)
@@ -834,9 +783,7 @@ class Store:
             self.transfers += 1
             return served
         if sharding is None or isinstance(sharding, SingleDeviceSharding):
-            # No `device` argument: the result stays uncommitted, like
-            # `jnp.asarray(np_array)`, so it combines with arrays on any device.
-            # It lands on the current default device.
+            # No `device` argument: uncommitted, like `jnp.asarray(np_array)`.
             single: jax.Array = (
                 jax.device_put(self.host) if sharding is None else jax.device_put(self.host, sharding)
             )
@@ -847,25 +794,21 @@ class Store:
         host = self.host
         convert = host.dtype != dtype
 
-        # Each process builds only its addressable shards, each straight from
-        # the frozen host buffer: never a full copy on one device first.
+        # Each process builds only its addressable shards, straight from the frozen host buffer.
         def shard(index: Any) -> np.ndarray[Any, Any]:
             part: np.ndarray[Any, Any] = host[index]
             return part.astype(dtype) if convert else part
 
         made: jax.Array = jax.make_array_from_callback(host.shape, sharding, shard)
-        # One transfer per device buffer filled from the host, as the words say
-        # ("one per shard"): JAX reads a fully replicated sharding's data once
-        # and puts it on every device, so the callback's calls undercount.
+        # One transfer per shard: JAX reads replicated data once, so the callback undercounts.
         self.transfers += len(made.addressable_shards)
         return made
 
     # -- eviction and what is cached ---------------------------------------------
 
     def evict(self, sharding: Sharding | None = None) -> None:
-        """Forget device buffers: all of them, or those with `sharding` (and, for a
-        single-device sharding, the default buffer on that device). The next use transfers again,
-        and compiled programs that held a dropped buffer are compiled again (`STATE.dropped`)."""
+        """Forget device buffers: all, or those with `sharding` (and the default buffer on a single
+        such device); programs that held one are compiled again (`STATE.dropped`)."""
         with self._lock:
             if sharding is None:
                 dropped = list(self._made.values())
@@ -891,15 +834,13 @@ class Store:
             hook(self, held)
 
     def _let_go(self, dropped: list[jax.Array]) -> list[weakref.ref[jax.Array]]:
-        """Weak references to `dropped`, buffers no longer cached, each dropped from `OWNERS`
-        (called under the lock)."""
+        """Weak references to `dropped`, each dropped from `OWNERS` (under the lock)."""
         for array in dropped:
             self._disown(array)
         return [weakref.ref(array) for array in dropped]
 
     def meet_losses(self) -> bool:
-        """Make again each served buffer of this constant deleted behind our back (`_fill`, which
-        tells of the loss): True where there was one."""
+        """Make again each buffer deleted behind our back (telling of the loss): True where there was one."""
         with self._lock:
             lost = [key for key, array in self.served.items() if array.is_deleted()]
             # Under a budget, and for a host-resident constant, nothing is served: its buffers
@@ -915,8 +856,7 @@ class Store:
         return bool(lost or unserved)
 
     def arrays(self, device: bool | None = None) -> list[jax.Array]:
-        """The live cached buffers, one per placement, default ones first: all of them, or those in
-        device memory (`device=True`) or in host memory (`device=False`, a host-resident constant's)."""
+        """The live cached buffers, default ones first: all, or those in device memory (or not)."""
         with self._lock:
             made = sorted(self._made.items(), key=lambda item: item[0][0] is not None)
         return [
@@ -939,8 +879,7 @@ class Store:
         return self._fingerprint
 
     def __del__(self, _state: _State = STATE) -> None:
-        # The default argument keeps the state reachable at interpreter
-        # shutdown, when module globals may already be gone.
+        # The default argument keeps the state reachable at shutdown, when globals may be gone.
         _state.retired_hits += self.hits
         _state.retired_transfers += self.transfers
         _state.retired_evictions += self.evictions

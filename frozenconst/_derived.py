@@ -1,14 +1,10 @@
 """A value derived from a constant inside a transformation: what a `FrozenConst` holds there.
 
-When a transformation rebuilds a FrozenConst from a pytree leaf that is not one
-of a constant's own device buffers (a tracer inside `jit`/`grad`/`vmap`, a
-gradient, a mapped result, whatever `tree_map` produced), the FrozenConst it
-hands back holds a `Derived` where a constant holds its `_cache.Store`. It keeps
-the type, so code written against FrozenConst runs unchanged (as JAX's `Tracer`
-stands where a `jax.Array` stood), but it never claims the original's host data.
-A copy made outside any trace (a jitted step's output, an optimizer's update) holds its
-`jax.Array` alone until something asks for more than the array (`FrozenConst._held`):
-a step rebuilds many, and one object each was a measurable part of it.
+A FrozenConst rebuilt from a leaf that is not a constant's own device buffer (a tracer, a
+gradient, whatever `tree_map` produced) holds a `Derived` where a constant holds its
+`_cache.Store`: the type stays, as a `Tracer` stands where a `jax.Array` stood, but it never
+claims the original's host data. A concrete copy holds its `jax.Array` alone until something
+asks for more (`FrozenConst._held`): a step rebuilds many.
 
 Why not a subclass of FrozenConst: JAX keys pytree nodes by exact type, so a
 subclass is a node of its own, and `jax.tree.map(f, model, grads)` over a model
@@ -65,11 +61,8 @@ class Derived:
     origin = ""
     volatile = False
 
-    # A derived value is served from `leaf` (`FrozenConst.tree_flatten` and `__jax_array__`
-    # read it inline), never from a store's cache slot (`Store.hot`): that hit checks what a
-    # cached buffer can lose (a `jax.default_device`, deletion), which a leaf, used as it
-    # is, never needs. Only `leaf` is set where one is made (`derived_of`, `copy_record`);
-    # `copy_store` where first asked for.
+    # Served from `leaf`, never from a cache slot (`Store.hot`), whose hit checks what a cached
+    # buffer can lose. Only `leaf` is set where one is made (`copy_record`); `copy_store` on request.
     hot: None = None
     leaf: Any
     copy_store: Store | None
@@ -204,18 +197,11 @@ _WHO = {
 
 
 def copy_record(leaf: Any) -> Derived:
-    """A `Derived` around `leaf`: the record of a copy `FrozenConst.tree_unflatten` made, made
-    where first asked for (`FrozenConst._held`). `Derived` has no `__init__`, so the class
-    call makes one without a Python frame, in half the time of `object.__new__`'s wrapper
-    (77 against 149 ns, Python 3.11)."""
+    """A `Derived` around `leaf` (a copy's record, or what a trace rebuilds). `Derived` has no
+    `__init__`, so the class call makes one without a Python frame, faster than `object.__new__`."""
     derived = Derived()
     derived.leaf = leaf
     return derived
-
-
-def derived_of(leaf: Any) -> Derived:
-    """A `Derived` around `leaf`: what a trace rebuilds."""
-    return copy_record(leaf)
 
 
 class _CopyRef(weakref.ref):  # type: ignore[type-arg]  # (subscripted only when type checking)
@@ -225,16 +211,11 @@ class _CopyRef(weakref.ref):  # type: ignore[type-arg]  # (subscripted only when
     key: int
 
 
-# The device buffers of the copies `rebuild` made, by id, each held weakly: frozenconst knows
-# these copies, and a compiled program that reads one takes its buffer as a parameter, as it
-# takes a constant's (`buffer_owner`, `_hoist`). A copy is filed where its handle hands its
-# buffer out as an array (`FrozenConst.__jax_array__`: an operand, `jnp.asarray`, in a trace
-# or not), which is how a program that closes over it meets it; a pytree flatten, which passes
-# it along as a jitted step's argument, does not file it: a training loop makes and passes on
-# copies at every step, and reads none of them so. An entry goes as its array dies, so that a
-# loop making and dropping copies leaves the table (and the heap) as it found them. Read and
-# changed one dict operation at a time (atomic under the GIL), no lock: an id is not reused
-# before the weak references to the array that held it have been told it died.
+# The device buffers of the copies `rebuild` made, by id, held weakly: a program that reads one
+# takes it as a parameter, as a constant's (`buffer_owner`). Filed where the handle hands its buffer
+# out as an array (`FrozenConst.__jax_array__`), not at a pytree flatten: a training loop passes
+# copies on at every step. An entry goes as its array dies. No lock: one dict operation at a
+# time, and an id is not reused before the weak references to its array were told it died.
 COPY_REFS: dict[int, _CopyRef] = {}
 
 
@@ -254,9 +235,8 @@ def know_copy(array: Any) -> Any:
 
 
 def buffer_owner(value: object) -> Store | Derived | None:
-    """Whose buffer `value` is: the constant whose cached buffer it is (the very object), or the
-    record of a copy `rebuild` made around it while it is that same, undeleted buffer; None for
-    any other value. The one answer to which arrays a compiled program keeps out."""
+    """Whose buffer `value` is: a constant's (the very object), or a live copy's record (`rebuild`);
+    None for any other value. The one answer to which arrays a compiled program keeps out."""
     key = id(value)
     ref = OWNER_REFS.get(key)
     if ref is not None:
@@ -273,10 +253,8 @@ def buffer_owner(value: object) -> Store | Derived | None:
 
 
 class _NoLeaf(Derived):
-    """The record of every FrozenConst rebuilt around `None`, what `eqx.partition` leaves
-    where the other half holds the array (equinox's `filter_jit` makes one per frozen
-    array per call, and flattens it again): nothing about it is a copy's own,
-    so one serves all."""
+    """The record of every FrozenConst rebuilt around `None` (`eqx.partition`'s placeholder, made
+    per frozen array per call): nothing about it is a copy's own, so one serves all."""
 
     __slots__ = ()
 
@@ -292,17 +270,11 @@ NO_LEAF.leaf = None
 class _Told(Said):
     """What the derived-copy warning has said since Python's warning filters last changed (`Said`).
 
-    A call site is `(id(code), instruction)`: by the code object's id, not the object,
-    because Python hashes a code object from its contents on every lookup, which cost more
-    than the rest of the check; `codes` keeps each one alive, so its id is not reused.
-    `lines`: the lines of user code warned of, `(id(code), line number)`. `sites`: the call
-    sites of JAX's tree functions met so far, each with the user's lines it was reached from
-    (the last last), each as the number of frames up to it and that frame's call site; 0 frames where the
-    site is itself such a line (JAX rebuilds a jitted step's outputs straight from the
-    user's call), more where a library's code is between (equinox's `filter_jit`, NNX,
-    optax). Either way a copy made there again is decided by a lookup and a frame read,
-    before any stack walk or formatting, so a step rebuilding 26 constants pays for none of
-    it.
+    A call site is `(id(code), instruction)`: Python hashes a code object by its contents at every
+    lookup; `codes` keeps each alive, so its id is not reused. `lines`: the user lines warned of.
+    `sites`: each site of JAX's tree functions met, with the user lines it was reached from (the
+    last last), as frames up (0: the site is the user's line) and that frame's call site, so that
+    a copy made there again is decided by a lookup and a frame read, before any stack walk.
     """
 
     __slots__ = ("codes", "last", "lines", "site", "sites")
@@ -332,10 +304,8 @@ TOLD = _Told()
 
 def note_derived_copy(leaf: Any, caller: types.FrameType, node: type) -> None:
     """Warn, once per line of user code, that a FrozenConst was rebuilt around a new concrete
-    array, a copy that is no longer the constant. `caller` is the code that called JAX's tree
-    function (a jitted function's caller, whose outputs JAX rebuilds in C++, or a library's
-    `tree_map`). Called by `FrozenConst.tree_unflatten` where its checks of `told` (inlined
-    there: `_Told.last`, then `_Told.sites`) did not decide the copy, or the filters changed."""
+    array, a copy; `caller` called JAX's tree function. Called where `rebuild`'s inlined checks
+    of `TOLD` did not decide the copy."""
     told = TOLD
     if told.stale():
         told.forget()
@@ -404,11 +374,8 @@ def _tell(told: _Told, caller: types.FrameType, site: tuple[int, int], leaf: Any
 
 
 def _constants_rebuilt(caller: types.FrameType, node: type) -> int | None:
-    """How many FrozenConsts (pytree nodes of type `node`) the tree being rebuilt holds, the
-    one the warning names among them: JAX's tree functions (`tree_map`, `tree_unflatten`, a
-    jitted function's first call) hold its structure in a local, a `PyTreeDef`. None where
-    the caller holds none (JAX's jit rebuilding its outputs in C++, which only a line's
-    later calls take)."""
+    """How many FrozenConsts (nodes of type `node`) the tree being rebuilt holds, read from the
+    `PyTreeDef` JAX's tree function holds in a local; None where it holds none (jit's C++ path)."""
     for value in caller.f_locals.values():
         if isinstance(value, jax.tree_util.PyTreeDef):
             count, pending = 0, [value]
@@ -441,9 +408,7 @@ new_handle = object.__new__
 
 def _in_debug_callback(caller: types.FrameType) -> bool:
     """Whether JAX's tree function was called by a callback's rebuild of its arguments
-    (`jax.debug.print`, `jax.debug.callback`, `jax.pure_callback`, `io_callback`): that code, or
-    `jax.tree_util.tree_unflatten` called from it. There a FrozenConst's new array is the value
-    the callback receives, as a `jax.Array`'s is, not a copy to warn of."""
+    (`jax.debug.print`, `pure_callback`, ...): there the new array is the value it receives, no copy."""
     if caller.f_globals.get("__name__") in DEBUG_CALLBACKS:
         return True
     above = caller.f_back
@@ -464,20 +429,10 @@ _H = TypeVar("_H", bound=Handle)
 
 
 def rebuild(cls: type[_H], aux_data: None, children: Any) -> _H | np.ndarray[Any, Any]:
-    """Rebuild a FrozenConst from a leaf (`FrozenConst.tree_unflatten`).
-
-    From the constant's own cached buffer (passed through `jit`, rebuilt by
-    `eqx.combine` or a flax NNX state round trip), the constant itself; from
-    anything else (a tracer, a gradient, a mapped result), a derived value
-    that never claims the original's host data; from NumPy data (`jax.device_get`),
-    that NumPy array. A value being differentiated
-    (`jax.grad`, `jvp`, `vjp`, `linearize`) is stopped here: a FrozenConst has
-    no gradient, and JAX's programs are otherwise those of a `jax.Array`.
-    A derived value around a new concrete `jax.Array` (an optimizer's state or
-    update, a jitted function's output) warns once per line of user code:
-    nothing else tells a user that their model no longer holds the constant
-    (docs/training.md, "What each idiom does").
-    """
+    """Rebuild a FrozenConst from a leaf (`FrozenConst.tree_unflatten`): from the constant's own
+    buffer, the constant; from NumPy data, that array; from anything else, a derived value (a
+    differentiated one stopped: no gradient), which warns once per user line where it is a new
+    concrete array: nothing else tells a user their model no longer holds the constant."""
     (leaf,) = children
     # `owner_of`, the derived-copy warning's checks and `_of`, inlined, and a concrete
     # array's case first: a jitted step returning many FrozenConsts rebuilds each one per
@@ -505,11 +460,8 @@ def rebuild(cls: type[_H], aux_data: None, children: Any) -> _H | np.ndarray[Any
         told = TOLD
         code, lasti = told.last
         if caller.f_code is not code or caller.f_lasti != lasti or told.stale():
-            # A site reached through a library's code (equinox's `filter_jit` rebuilding its
-            # outputs, `eqx.combine`'s `tree_map`: four copies per step of an equinox
-            # fine-tuning step), decided where the user's line it was reached from last is the one
-            # reaching it now: the site met last is read from `told.site`, a tree's other
-            # copies made there in turn, without the lookup in `told.sites`.
+            # A site reached through a library's code (`eqx.combine`'s `tree_map`), decided where
+            # the user's line it was last reached from reaches it now: `told.site`, then `told.sites`.
             site_code, site_lasti, depth, user_code, user_lasti = told.site
             if caller.f_code is not site_code or caller.f_lasti != site_lasti:
                 known = told.sites.get((id(caller.f_code), caller.f_lasti))
@@ -527,9 +479,8 @@ def rebuild(cls: type[_H], aux_data: None, children: Any) -> _H | np.ndarray[Any
                 try:
                     user = frame_at(1 + depth)  # this frame, then `caller`'s, then up
                 except ValueError:
-                    # The stack is shallower than where this site was reached from before
-                    # (module-level code calling `jax.tree_util.tree_map` itself, a site
-                    # first met through `jax.tree.map` in a function): another user line.
+                    # The stack is shallower than where this site was reached from before:
+                    # another user line.
                     user = None
                 if user is None or user.f_lasti != user_lasti or id(user.f_code) != user_code:
                     note_derived_copy(leaf, caller, cls)
@@ -549,15 +500,14 @@ def rebuild(cls: type[_H], aux_data: None, children: Any) -> _H | np.ndarray[Any
             # autodiff flattened the constant itself, that is its own buffer again).
             leaf = jax.lax.stop_gradient(leaf)
         elif type(leaf) is np.ndarray:
-            # NumPy data in the constant's place (`jax.device_get(x)`, `jax.tree.map(
-            # np.asarray, tree)`): that array, as for a `jax.Array` leaf, not a FrozenConst
-            # wrapping NumPy data. On the CPU a read-only view of the host data.
+            # NumPy data in the constant's place (`jax.device_get(x)`): that array, as for a
+            # `jax.Array` leaf.
             return leaf
         elif ArrayImpl is None:  # a JAX without `ArrayImpl` (`_compat`): owners by lookup
             owner = owner_of(leaf)
             if owner is not None:
                 return cls._of(*owner)
-        derived = derived_of(leaf)  # a tracer: what a trace rebuilds
+        derived = copy_record(leaf)  # a tracer: what a trace rebuilds
     handle = new_handle(cls)
     handle._store = derived
     handle._sharding = None

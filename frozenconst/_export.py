@@ -1,14 +1,9 @@
 """Compiled programs exported without their constants, the constants stored once, by content.
 
-`export(fun, *specs)` exports `g(constants, *args) = fun(*args)` with `jax.export`, the
-FrozenConsts `fun` uses being `g`'s first inputs (`_hoist.export_inputs` has the lowering take
-each buffer from its input, at every level of nesting): the serialized program holds none of
-their data. `save` writes JAX's serialized program and a manifest into a directory, and each
-constant once, as a `.npy` file named by its fingerprint, into a store (by default inside that
-directory; one shared by several programs keeps each constant once). `load` reads the manifest,
-makes each file's read-only map a constant, no copy (its digest checked against the manifest's,
-interned), and returns a callable of the user's own arguments, which passes the constants to
-the program as its parameters.
+`export(fun, *specs)` exports `g(constants, *args) = fun(*args)` with `jax.export`, each FrozenConst
+buffer taken from `g`'s first input at every level of nesting (`_hoist.export_inputs`). `save`
+writes the program, a manifest and each constant as `<fingerprint>.npy` into a store; `load` maps
+each file read-only as a constant (digest checked, interned) and passes them as the parameters.
 """
 
 from __future__ import annotations
@@ -166,8 +161,7 @@ class Exported:
         return directory
 
     def _serialized(self, vjp_order: int) -> bytes:
-        """JAX's serialized program, with its derivatives' programs to `vjp_order`, each exported
-        (by JAX, at this call) with the constants kept out as the program's first inputs."""
+        """JAX's serialized program, with its derivatives' programs to `vjp_order`, the constants kept out."""
         if vjp_order and any(_owner(v) is None for v in self._buffers):
             raise FrozenConstRuntimeError(
                 "frozenconst cannot save this program's derivatives (`vjp_order`): a constant's device "
@@ -205,8 +199,7 @@ class Loaded:
 
 
 def _constant_dtypes(program: Any, constants: tuple[FrozenConst, ...]) -> tuple[np.dtype[Any], ...]:
-    """The dtypes the program takes its constants in (its first inputs): those JAX gave them
-    under the x64 setting it was exported with."""
+    """The dtypes the program takes its constants in (its first inputs), per its x64 setting."""
     return tuple(np.dtype(aval.dtype) for aval in program.in_avals[: len(constants)])
 
 
@@ -231,9 +224,7 @@ def _call(
 
 def _fed(constant: FrozenConst, dtype: np.dtype[Any]) -> jax.Array:
     """The constant's device buffer in `dtype`, the one the program takes it in, whatever the
-    caller's x64 setting: a constant held as float64 on the host (`dtype=np.float64`) is a
-    float32 input of a program exported with x64 off, and a float64 one of a program exported
-    with it on. Each setting's buffer is made once and cached, as any use's is."""
+    caller's x64 setting (a float64 host constant is a float32 input where x64 was off)."""
     array = constant.__jax_array__()
     if array.dtype == dtype:
         return array
@@ -339,8 +330,8 @@ def export(
 def _found(
     closed: Any, embed_max_bytes: int
 ) -> tuple[list[FrozenConst], list[tuple[str, str, int, str | None]]]:
-    """The FrozenConsts above `embed_max_bytes` a traced program uses (each once, in the order
-    first met), and the other arrays above it that it closes over."""
+    """The FrozenConsts above `embed_max_bytes` a traced program uses (each once, in order), and
+    the other arrays above it."""
     constants: dict[int, FrozenConst] = {}
     embedded: dict[int, tuple[str, str, int, str | None]] = {}
     exporting = lowering_here(embed_max_bytes, exporting=True)
@@ -389,9 +380,8 @@ def _entry(constant: FrozenConst) -> dict[str, Any]:
 
 
 def _sharding_record(sharding: jax.sharding.Sharding | None) -> dict[str, Any] | None:
-    """The manifest's description of a declared sharding: a mesh by its shape, axis names and
-    types, and the partition spec, over whatever devices the loading process has (its
-    `jax.make_mesh`), as the exported program's own shardings are; None for one device."""
+    """The manifest's record of a declared sharding: the mesh's shape, axis names and types and the
+    spec, made over the loading process's devices (`jax.make_mesh`); None for one device."""
     if sharding is None:
         return None
     state = _sharding_state(sharding)
@@ -429,14 +419,18 @@ def _sharding_from(record: dict[str, Any]) -> jax.sharding.Sharding:
 
 
 def _write_blob(path: pathlib.Path, constant: FrozenConst) -> None:
-    """Write the constant's host data to `path` (aside, then renamed), unless it is there."""
+    """Write the constant's host data whole to `path` (aside, then renamed), unless it is there."""
     if path.exists():
         return  # stored by content: the same name is the same data (checked at load)
-    _write_aside(
-        path,
-        lambda f: np.lib.format.write_array(f, np.asarray(constant), allow_pickle=False),
-        mode=0o444,  # read-only: written once, never in place (a loaded constant maps it)
-    )
+    aside = _aside(path)
+    try:
+        with open(aside, "wb") as f:
+            np.lib.format.write_array(f, np.asarray(constant), allow_pickle=False)
+        os.chmod(aside, 0o444)  # read-only: written once, never in place (a loaded constant maps it)
+        os.replace(aside, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(aside)
 
 
 def _aside(path: pathlib.Path) -> pathlib.Path:
@@ -444,30 +438,15 @@ def _aside(path: pathlib.Path) -> pathlib.Path:
     return path.with_name(f".{path.name}.writing-{uuid.uuid4().hex[:12]}")
 
 
-def _write_aside(path: pathlib.Path, write: Callable[[Any], object], mode: int | None = None) -> None:
-    """Write a file whole at `path`: written under another name (given `mode`), then renamed over it."""
-    aside = _aside(path)
-    try:
-        with open(aside, "wb") as f:
-            write(f)
-        if mode is not None:
-            os.chmod(aside, mode)
-        os.replace(aside, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(aside)
-
-
 def _lexical(path: PathLike) -> str:
-    """`path` made absolute with its `..` taken away by name, as given: symbolic links are not
-    followed, so a store reached through one is found through it again, wherever it points then."""
+    """`path` absolute, its `..` taken away by name: a store reached through a symbolic link is
+    found through it again, wherever it points then."""
     return os.path.normpath(os.path.abspath(path))
 
 
 def _store_record(directory: pathlib.Path, store: pathlib.Path) -> dict[str, str]:
-    """Where the manifest says the store is: relative to the program's directory, so that the two
-    moved together still find each other, and, for a store outside that directory, also by its
-    absolute path, so that the program moved alone does."""
+    """Where the manifest says the store is: relative to the program's directory (the two moved
+    together), and for a store outside it, also absolute (the program moved alone)."""
     try:
         relative = os.path.relpath(_lexical(store), _lexical(directory))
     except ValueError:  # another drive (Windows): no relative path
@@ -485,8 +464,7 @@ def _make_dir(directory: pathlib.Path) -> list[pathlib.Path]:
 
 
 def _check_replaceable(directory: pathlib.Path, store: pathlib.Path) -> None:
-    """Refuse a directory that holds files of someone else's: a save writes there only its
-    manifest, its program and the store, and replaces only a manifest frozenconst wrote."""
+    """Refuse a directory that holds someone else's files: a save replaces only its own."""
     names = set(os.listdir(directory))
     if MANIFEST in names:
         try:
@@ -522,9 +500,8 @@ def _check_replaceable(directory: pathlib.Path, store: pathlib.Path) -> None:
 
 
 def _commit(directory: pathlib.Path, program: bytes, manifest: bytes) -> None:
-    """Put the program and then its manifest in place, each written aside and renamed, so that
-    the manifest a reader finds names a whole program. Where the manifest cannot be put in
-    place, the program saved there before is put back."""
+    """Put the program, then its manifest, in place (each written aside and renamed); where the
+    manifest cannot be, the program saved there before is put back."""
     target = directory / PROGRAM
     files = {PROGRAM: _aside(target), MANIFEST: _aside(directory / MANIFEST)}
     kept = _aside(target)
@@ -553,8 +530,7 @@ def _commit(directory: pathlib.Path, program: bytes, manifest: bytes) -> None:
 
 
 def _serialization_missing(step: str, err: ImportError) -> FrozenConstRuntimeError:
-    """JAX's serialization of exported programs could not be imported: `flatbuffers`, which
-    frozenconst declares (JAX does not), is missing from this environment."""
+    """JAX's serialization could not be imported: `flatbuffers` (declared by frozenconst) is missing."""
     return FrozenConstRuntimeError(
         f"frozenconst cannot {step} the program: JAX's serialization of exported programs needs the "
         f"`flatbuffers` package, which cannot be imported here ({err}). Install it (`pip install "
@@ -563,12 +539,9 @@ def _serialization_missing(step: str, err: ImportError) -> FrozenConstRuntimeErr
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from . import __version__  # the package's, read once it is imported
 
-    try:
-        return version("frozenconst")
-    except PackageNotFoundError:  # pragma: no cover - a source tree
-        return "0.0.0"
+    return __version__
 
 
 # -- loading ----------------------------------------------------------------------------------
@@ -755,11 +728,9 @@ def _constant(stores: list[pathlib.Path], entry: dict[str, Any], where: pathlib.
 
 
 def _in_place(data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
-    """`data`, NumPy's read-only map of a constant's file, as the constant's host buffer without a
-    copy: the file's pages, which no one can write through the map (the kernel refuses, and NumPy
-    will not make the array writable again). Where it is C-ordered in native byte order and starts
-    on a 64-byte boundary, as `save` writes it (JAX's CPU backend then uses the same memory for
-    the device buffer, jax #37830); else None, and the caller copies it."""
+    """`data`, the read-only map of a constant's file (no one can write through it), as its host
+    buffer without a copy, where it is C-ordered, native and 64-byte aligned as `save` writes it
+    (JAX's CPU backend then aliases it, jax #37830); else None, and the caller copies it."""
     if not isinstance(data, np.memmap) or data.mode != "r" or not data.size:
         return None
     host = np.asarray(data)  # a plain array; its owner, the read-only map

@@ -21,7 +21,7 @@ import numpy as np
 
 from ._errors import FrozenConstTypeError
 from ._frozen import FrozenConst, derived_leaf
-from ._jit import JitWrapped, refuse_generator
+from ._jit import JitWrapped, refuse_uncompilable
 
 # The compiled function's parameters and return type: the wrapped function's.
 _P = ParamSpec("_P")
@@ -221,10 +221,6 @@ def filter_jit(fun: Callable[_P, _R], /, *, embed_max_bytes: int | None = None) 
         >>> same["table"] is table, float(y[0])
         (True, 512.0)
     """
-    if not callable(fun):
-        raise FrozenConstTypeError(
-            f"frozenconst.filter_jit needs a callable, but received a `{type(fun).__name__}`."
-        )
-    refuse_generator(fun, "frozenconst.filter_jit")
+    refuse_uncompilable(fun, "frozenconst.filter_jit")
     kwargs: dict[str, Any] = {} if embed_max_bytes is None else {"embed_max_bytes": embed_max_bytes}
     return FilterJitted(fun, kwargs)

@@ -13,13 +13,9 @@ from ._frozen import FrozenConst, derived_leaf
 
 
 def _to_state(x: FrozenConst) -> Any:
-    # A constant: the host data, read-only and in its own dtype, so a restored
-    # constant is the original bit for bit, whatever the x64 setting when either
-    # side ran. A value derived from one (a tracer inside `jax.jit(model.apply)`,
-    # a jitted step's output): the array it holds, as flax keeps a `jax.Array`
-    # as it is. linen's `__setattr__` asks for the state of every attribute a
-    # module's `setup()` assigns (`_map_over_modules_in_tree`), traced params
-    # included; `np.asarray` of a tracer raises there.
+    # A constant: its host data in its own dtype, restored bit for bit whatever the x64 setting.
+    # A derived value: the array it holds, as flax keeps a `jax.Array` (linen asks the state of
+    # each attribute `setup()` assigns, traced ones included, where `np.asarray` would raise).
     leaf = derived_leaf(x)
     return np.asarray(x) if leaf is None else leaf
 
@@ -28,9 +24,8 @@ def _from_state(template: FrozenConst, state: Any) -> FrozenConst:
     # flax calls its first argument the restore "target"; here it is the template
     # constant (the glossary keeps "target" for what names a placement).
     if isinstance(state, Tracer):
-        # A traced state (linen maps over a traced module's attributes): a value
-        # derived from a constant, as `jax.jit` rebuilds one from its tracer.
-        # (A tracer never unflattens to NumPy data: the result is a FrozenConst.)
+        # A traced state (linen maps over a traced module's attributes): a derived value, as
+        # `jax.jit` rebuilds one (a tracer never unflattens to NumPy data).
         return cast(FrozenConst, FrozenConst.tree_unflatten(None, (state,)))
     restored = np.asarray(state)
     if template.is_concrete:

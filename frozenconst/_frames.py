@@ -88,14 +88,9 @@ def origin_module() -> str:
 
 class Said:
     """The one "said once" rule every warning follows: what was said is forgotten where Python's
-    warning filters change, as Python forgets what its registries showed. A warning ignored
-    under one filter is said under the next, and one told before a filter makes it an error
-    is raised then: no test's filters decide what another's see.
-
-    The filters change by replacing the list (`warnings.catch_warnings`), or in place: every
-    `simplefilter`, `filterwarnings` (each puts a new entry first, or appends one) and
-    `resetwarnings`; `filters`, their length and first entry, read at `stale`, notice each.
-    A subclass keeps what it said and forgets it in `forget`.
+    warning filters change, as Python forgets what its registries showed, so no test's filters
+    decide what another's see. The list replaced (`catch_warnings`) or changed in place
+    (`simplefilter`, `filterwarnings`, `resetwarnings`) shows in its identity, length or first entry.
     """
 
     __slots__ = ("filters", "first", "length")
@@ -179,16 +174,10 @@ _PENDING = threading.local()
 
 
 def raise_in(frame: types.FrameType, error: BaseException) -> bool:
-    """Raise `error` in `frame` at its next instruction; False where it cannot (then the
-    caller raises it). One error per thread is pending at a time: a rebuild of many
-    constants raises the first.
-
-    JAX calls `FrozenConst.tree_unflatten` from inside other libraries' rebuilding of their
-    trees: flax NNX's graph rebuild empties a module, then fills it child by child. A warning
-    raised there as an error would leave the module empty. Raised in the user's frame once
-    the rebuild has returned, the step raises and the model is whole. This is what a
-    debugger does to stop at a frame (`f_trace` on a running frame, then `sys.settrace`);
-    where a tracer is already set (a debugger, coverage) the error is raised at once.
+    """Raise `error` in `frame` at its next instruction (the first of a thread's, one at a time);
+    False where a tracer is already set (the caller raises it). A warning raised as an error
+    inside flax NNX's graph rebuild would leave a module empty: raised once the rebuild has
+    returned, the model is whole. A debugger stops at a frame so (`f_trace`, `sys.settrace`).
     """
     if getattr(_PENDING, "error", None) is not None:
         return True  # the first of this rebuild is already on its way

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import jax
@@ -55,15 +54,12 @@ class _Guard:
                 self.blind.append(f"{type(exc).__name__}: {exc}")
             return
         with self.lock:
-            self.record(found)
-
-    def record(self, found: Sequence[tuple[_BufferId, np.ndarray, Any]]) -> None:
-        for key, host, eqn in found:
-            if host.nbytes > self.max_bytes and key not in self._reported:
-                self._reported[key] = host
-                self.lines.append(_line(host, eqn))
-                if not self.stack:
-                    self.stack = user_frames()
+            for key, host, eqn in found:
+                if host.nbytes > self.max_bytes and key not in self._reported:
+                    self._reported[key] = host
+                    self.lines.append(_line(host, eqn))
+                    if not self.stack:
+                        self.stack = user_frames()
 
 
 def _host_array(value: Any) -> np.ndarray | None:

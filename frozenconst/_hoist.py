@@ -1,23 +1,16 @@
 """Where it is decided that a compiled program keeps a FrozenConst out, or embeds it and says so.
 
-Every program JAX compiles is lowered once, through one function (`_compat_lowering.HOISTING.lower`):
-`jax.jit` functions and everything built on them (`eqx.filter_jit`, `nnx.jit`,
-`frozenconst.jit`, a library's own jit, `pmap`, eager `jax.numpy` calls), and `jax.export`.
-`lower` (installed by `_install`) looks at the program about to be lowered: each FrozenConst
-buffer it uses above `EMBED_MAX_BYTES` becomes a parameter of the executable, through JAX's own
-machinery for hoisted constants, which passes the buffer at each call, on the C++ fast path.
-Under JAX's default pipeline the program holds such a buffer as embedded data: `hoist` turns it
-into a literal and lowering runs with hoisting on. Under the simplified pipeline JAX hoists
-literals itself: a FrozenConst used many times is passed once (`const_args`), not once per use.
+Every program JAX compiles (`jax.jit` and all built on it, eager `jax.numpy` calls, `pmap`,
+`jax.export`) is lowered through one function, which `lower` wraps (`_install`): each FrozenConst
+buffer the program uses above `EMBED_MAX_BYTES` becomes a parameter of the executable, through
+JAX's own machinery for hoisted constants (passed at each call, on the C++ fast path). Under
+JAX's default pipeline `hoist` first turns such a buffer into a literal; under the simplified
+one JAX hoists literals itself, and `const_args` passes a constant once, not once per use.
 
-What cannot be kept out is embedded, as JAX embeds any array, and a `FrozenConstWarning` says
-so once per constant, case and line of user code, with the fix for that case (`_FIXES`): an exported program
-(`jax.export` carries its constants), a constant whose buffer was deleted behind frozenconst's
-back, a program JAX refuses to take it as a parameter of (committed to another device than the
-program's), a program with mutable references whose pure form JAX makes where frozenconst
-cannot follow (`discharged`). A jitted call that donates a state holding a constant donates
-everything else in it: the constant's buffer is kept (`_undonated`). Nothing else changes: a
-program without a FrozenConst lowers exactly as JAX lowers it.
+What cannot be kept out is embedded, as JAX embeds any array, and a `FrozenConstWarning` says so
+once per constant, case and line, with the case's fix (`_FIXES`). A jitted call that donates a
+state holding a constant keeps the constant's buffer (`_undonated`). A program without a
+FrozenConst lowers exactly as JAX lowers it.
 
 A program that holds a constant's buffer must never outlive it: where the buffer is dropped
 (`x.evict()`) or lost (donated, deleted), `dropped` clears JAX's caches once, so every such
@@ -66,19 +59,14 @@ from ._jaxprs import hoist, walk, where
 from ._plan import Buffer, Decision, Lowering, plan
 
 # A FrozenConst of at most this many bytes stays embedded under JAX's default pipeline, as JAX
-# embeds any small array: each parameter adds to every call of the program (about 0.3 to 0.4 us
-# on a CPU, 0.6 us on a TPU v5e, `python -m benchmarks anyjit`), where an embedded small table
-# costs nothing per call, only its bytes in the program. 100 tables of 2 KiB as parameters cost 3x
-# the embedded program per call on a CPU, 1,000 of them 6.4x on a TPU; embedded, 1,000 tables of
-# 4 KiB add 4 MiB to a program. `frozenconst.jit(f, embed_max_bytes=N)` sets another threshold
-# for its programs, and `frozenconst.audit` gives no advice below it.
+# embeds any small array: each parameter adds to every call (`python -m benchmarks anyjit`), an
+# embedded small table only its bytes. `frozenconst.jit(f, embed_max_bytes=N)` sets another.
 EMBED_MAX_BYTES = 4096
 
 
 class Options:
-    """What a frozenconst wrapper on the stack asks of the programs lowered for it. (JAX shares
-    a traced function's programs between the jits of one Python function: the options of the
-    wrapper that first lowered a program are that program's.)"""
+    """What a frozenconst wrapper on the stack asks of the programs lowered for it (JAX shares them
+    between the jits of one function: the first wrapper's options are the program's)."""
 
     __slots__ = ("embed_max_bytes", "fun", "named")
 
@@ -139,10 +127,8 @@ HOLDERS = _Holders()
 
 
 class _Relic:
-    """A device buffer of a constant that died while something else still held it: a trace JAX
-    keeps of a function that made the constant (`frozenconst.intern(table)` called inside the
-    jitted function, whose handle dies before the trace is lowered). The lowering of that trace
-    keeps the buffer out as it keeps a live constant's; the program then holds it."""
+    """A device buffer of a constant that died while something else still held it (a trace of a
+    function that made the constant): its lowering keeps the buffer out as a live constant's."""
 
     __slots__ = ("__weakref__", "buffer", "origin", "placed")
     # Never deleted behind our back as far as anyone can tell: no constant serves it any more.
@@ -163,9 +149,8 @@ class _Relic:
 
 
 class _Relics:
-    """The buffers of dead constants that something else still holds, by id, each forgotten
-    when its buffer dies. Told by a dying store (`outlived`, from its `__del__`, which can run
-    in any thread, at any allocation: hence a reentrant lock, and no module global read)."""
+    """The buffers of dead constants something else still holds, by id, until the buffer dies. Told
+    from a store's `__del__`, which runs anywhere: hence a reentrant lock, and no global read."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -192,16 +177,13 @@ class _Relics:
 
 
 RELICS = _Relics()
-# What a program's FrozenConst buffer belongs to: a live constant's store, a known copy's record, or a
-# relic.
+# What a program's FrozenConst buffer belongs to: a constant's store, a copy's record, or a relic.
 Owner = Store | Derived | _Relic
 
 
 def store_of(value: object) -> Owner | None:
-    """Whose buffer `value` is: a live constant's, a known copy's (`buffer_owner`), or a dead
-    constant's that something still holds (`RELICS`); None for any other value. The one answer to
-    "is this array a constant's buffer?", but for the cache hit's measured fast path
-    (`_derived.rebuild`, marked there)."""
+    """Whose buffer `value` is: a constant's or a copy's (`buffer_owner`), or a dead constant's
+    still held (`RELICS`); None for any other. (`_derived.rebuild` inlines it, marked there.)"""
     owner: Owner | None = buffer_owner(value)
     return owner if owner is not None else RELICS.of(value)
 
@@ -227,18 +209,14 @@ def buffer_found(value: Any, owner: Owner | None = None, nbytes: int | None = No
 
 
 def meet_losses() -> bool:
-    """Meet each loss of a buffer a compiled program holds (deleted behind frozenconst's back: a
-    program compiled ahead of time donated it, `jnp.asarray(x).delete()`): each made again, and
-    the programs compiled again at their next call. True where there was one."""
+    """Make again each buffer a compiled program holds that was deleted behind our back (the
+    programs compiled again at their next call): True where there was one."""
     return any([store.meet_losses() for store in list(HOLDERS.stores)])
 
 
 def dropped(store: Store, held: bool) -> None:
-    """A buffer of `store` was evicted or lost: no compiled program keeps it. JAX's caches are
-    cleared (`jax.clear_caches()`) where a program took it as a parameter, or where something
-    besides the store still holds it (`held`: a trace JAX keeps, which the next `jax.jit` of
-    that function would lower with the dropped buffer, embedded), so each such program is traced
-    and compiled again at its next call, with the constant's current buffer."""
+    """A buffer of `store` was evicted or lost: JAX's caches are cleared where a program took it as
+    a parameter, or something else holds it (`held`: a trace the next `jax.jit` would lower with it)."""
     if HOLDERS.release(store, held):
         clear_caches()
 
@@ -347,8 +325,7 @@ def _planned(
     found: dict[int, _Use], lowering: Lowering, mesh: Any
 ) -> tuple[dict[int, Any], dict[int, Any], bool]:
     """The buffers `lowering` keeps out (by id), those placed over `mesh` first (by the id of the
-    buffer each stands for), and whether a constant whose buffer was deleted behind our back
-    (`volatile`) is embedded (said where the loss was met, `Store._lost`, not again here)."""
+    buffer each stands for), and whether a `volatile` constant is embedded (told at `Store._lost`)."""
     keep_out: dict[int, Any] = {}
     placed: dict[int, Any] = {}
     donated = False
@@ -385,8 +362,7 @@ def _moved(
     found: dict[int, _Use], keep_out: dict[int, Any], placed: dict[int, Any], target: Any
 ) -> tuple[dict[int, Any], dict[int, Any]]:
     """`keep_out` and `placed` (`_planned`) with each constant committed elsewhere than the program
-    runs (`x.on(d1)` in a program on d0) placed where it runs (once per constant and device): a
-    parameter, where JAX's default pipeline would embed it."""
+    runs (`x.on(d1)` in a program on d0) placed where it runs: a parameter, not embedded."""
     moved = dict(placed)
     for key, use in found.items():
         value = placed.get(key, use.value)
@@ -420,9 +396,8 @@ def _lower_for_export(
     args: Any,
     kwargs: Any,
 ) -> Any:
-    """The exported program `g(constants, *args)` lowered with the FrozenConst buffers hoisted by
-    JAX as parameters of `main`, each then wired to the input of `g` that carries it: the
-    program holds none of their data. Every other array is embedded, as `jax.export` embeds it."""
+    """The exported program `g(constants, *args)` lowered with the FrozenConst buffers hoisted as
+    parameters, each wired to the input of `g` carrying it; every other array embedded."""
     hooks = HOISTING
     assert hooks is not None
     keep_out = {id(u.value): u.value for u in found.values() if id(u.value) in inputs}
@@ -479,11 +454,8 @@ def _lowered(
 
 
 def discharged(original: Callable[..., Any], closed: Any, *args: Any) -> Any:
-    """JAX's `_discharge_refs_jaxpr(closed, ...)` in the lowering `lower` runs, with the buffers
-    kept out hoisted again in the program it returns. A program with mutable references
-    (`jax.new_ref`, a reference argument) is made pure there by tracing it again, which turns
-    the literals `hoist` made back into embedded constants under JAX's default pipeline; the pure
-    program has no effects on its inputs, so every level can let go of them now."""
+    """JAX's `_discharge_refs_jaxpr(closed, ...)` in `lower`, the kept-out buffers hoisted again:
+    its tracing a program with mutable references again embeds the literals `hoist` made."""
     out = original(closed, *args)
     keep_out = _lowering.keep_out
     if not keep_out or SIMPLIFIED_CONSTANTS or out[0] is closed:
@@ -496,11 +468,8 @@ def discharged(original: Callable[..., Any], closed: Any, *args: Any) -> Any:
 
 
 def _placed(owner: Owner, sharding: Any) -> jax.Array:
-    """The constant's data placed with `sharding` (once per constant and placement), where the
-    lowering decides so: a transfer of frozenconst's own, which no `jax.transfer_guard` of the
-    user's refuses. (The same program closing over a `jax.Array` needs none: JAX's default
-    pipeline embeds it.) A transfer the user's code asks for, the constant's first use there
-    included, stays under their guard."""
+    """The constant's data placed with `sharding` (once per placement): a transfer of frozenconst's
+    own, which no `jax.transfer_guard` of the user's refuses (JAX would embed a `jax.Array`)."""
     with jax.transfer_guard("allow"):
         return owner.array(sharding)
 
@@ -514,11 +483,8 @@ def _warn_stuck(found: dict[int, _Use], placed: dict[int, Any], stuck: set[int])
 
 
 def _undonated(args: Any, kwargs: Any) -> tuple[Any, Any]:
-    """`lower`'s arguments with every FrozenConst buffer the call donates kept, not donated: a
-    constant is never the place for a step's outputs, and a donated buffer would be deleted at
-    every call and transferred again at every next use. Where the call is not
-    found (an ahead-of-time `.lower()`), the donation stands, and the deleted buffer is met at
-    the constant's next use (`Store._lost`)."""
+    """`lower`'s arguments with every FrozenConst buffer the call donates kept, else deleted and
+    transferred again at every call. Where no call is found (`.lower()`), `Store._lost` meets it."""
     kept = {index for index, value in donated_arguments() if store_of(value) is not None}
     if not kept:
         return args, kwargs
@@ -699,8 +665,7 @@ _FIXES = {
 
 
 def observe_unhoisted(program: Any, embeds_literals: bool) -> None:
-    """Where this JAX offers no hoisting frozenconst can reach (`_compat_lowering.HOISTING` is None):
-    warn of each FrozenConst above the threshold that a program JAX lowers embeds."""
+    """Where this JAX offers no hoisting (`HOISTING` is None): warn of each large FrozenConst embedded."""
     if none_known() or program is None:
         return
     _warn(list(_owned(program, literals=embeds_literals).values()), "unsupported", jax.__version__)
@@ -722,8 +687,7 @@ def _warn(uses: list[_Use], why: str, reason: str = "") -> None:
         total = sum(_nbytes(u.value) for u, _ in new)
         more = f" and {len(new) - 1} more FrozenConst(s), {human_bytes(total)} in all,"
     value = first.value
-    # Where JAX recorded no line for the use (inside `shard_map`), the warning's own location,
-    # the user's line that compiles the program, is the one to name.
+    # No line recorded for the use (inside `shard_map`): the warning's own location names it.
     used = "" if first.line is None else f", used at {_tail(first.line, 160)}"
     made = f", made in `{first.store.origin}`" if first.store.origin else ""
     message = (
@@ -731,8 +695,7 @@ def _warn(uses: list[_Use], why: str, reason: str = "") -> None:
         f"is embedded in the compiled program{used}. "
         f'{_FIXES[why].format(reason=_tail(reason, 200))} (docs: "Which jit").'
     )
-    # Shown first, recorded after: under `-W error` a warning raised as an error is said
-    # again the next time it applies.
+    # Recorded once shown: one raised as an error is said again the next time.
     warnings.warn(message, FrozenConstWarning, stacklevel=user_stacklevel())
     for use, key in new:
         _told.record(use.store, key)

@@ -85,8 +85,8 @@ def install() -> None:
         jax.export.register_pytree_node_serialization(
             FrozenConst,
             serialized_name="frozenconst.FrozenConst",
-            serialize_auxdata=_no_auxdata,
-            deserialize_auxdata=_none,
+            serialize_auxdata=lambda aux: b"",
+            deserialize_auxdata=lambda data: None,
         )
         # `core.typeof(x)` answers the cached buffer's type, where a jax.numpy function asks it
         # before converting (`jnp.bincount(x, weights)`), and `jax.lax` takes the buffer as an
@@ -103,14 +103,6 @@ def install() -> None:
         STATE.outlived.append(_hoist.RELICS.outlived)
     register_flax_if_imported()
     register_strategy_if_imported()
-
-
-def _no_auxdata(aux: None) -> bytes:
-    return b""
-
-
-def _none(data: bytes) -> None:
-    return None
 
 
 def observe(observer: Observer) -> bool:

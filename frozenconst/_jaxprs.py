@@ -58,17 +58,10 @@ def where(eqn: Any) -> str | None:
 def hoist(
     closed: Any, keep_out: dict[int, Any], placed: dict[int, Any] | None = None, stuck: set[int] | None = None
 ) -> Any:
-    """`closed` with each constant whose value is in `keep_out` (by `id`) turned into a literal
-    of that value, at every level of nesting, and each constant or literal whose value is in
-    `placed` (by `id`) using the value `placed` maps it to instead (the same data, placed where
-    the program runs); the same object where nothing changes.
-
-    Under JAX's default pipeline a closed-over array is a constant of the program (a
-    constvar with its value), which lowering embeds; a literal is what the simplified
-    pipeline makes of it, and what lowering with `hoist_constants_as_args` passes to the
-    executable as a parameter (`core.jaxpr_const_args`). A level whose effects refer to its
-    inputs by position (`JaxprInputEffect`) keeps its constants: taking some out would move
-    those positions; the ids of those in `keep_out` it keeps are added to `stuck`."""
+    """`closed` with each constant whose value is in `keep_out` (by `id`) a literal, the form
+    lowering with `hoist_constants_as_args` passes as a parameter, at every level, and each value
+    in `placed` replaced by its placed copy; the same object where nothing changes. A level whose
+    effects name its inputs by position keeps its constants (their ids go to `stuck`)."""
     return _Hoist(keep_out, placed or {}, set() if stuck is None else stuck).closed(closed)
 
 

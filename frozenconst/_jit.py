@@ -1,12 +1,10 @@
 """`frozenconst.jit`: `jax.jit` with the wrapped function's types, and frozenconst's own errors.
 
 Every jit keeps FrozenConsts out of the programs it compiles once frozenconst is imported
-(`_hoist`): `jax.jit` itself, and what is built on it. This wrapper is `jax.jit` plus what a
-wrapper can add: the wrapped function's parameter and return types for type checkers, a
-threshold of its own for small constants (`embed_max_bytes`, read by `_hoist` when one of its
-programs is lowered), and, where JAX
-refuses a FrozenConst in an operation that takes only a `jax.Array`, frozenconst's error naming
-the line and the fix. It is the wrapper and its call, as equinox's `_jit.py` is.
+(`_hoist`): `jax.jit` itself, and what is built on it. This wrapper adds the wrapped
+function's types for type checkers, its own threshold for small constants (`embed_max_bytes`,
+read by `_hoist`), and frozenconst's error where JAX refuses a FrozenConst that only a
+`jax.Array` may be.
 """
 
 from __future__ import annotations
@@ -39,9 +37,8 @@ _MAX_REFEEDS = 8
 
 
 def boundary(fun: Callable[_P, _R]) -> Callable[_P, _R]:
-    """`fun` as an entry point of frozenconst: an error leaving it drops frozenconst's frames
-    where JAX dropped its own, and JAX's refusal of a FrozenConst is frozenconst's error
-    (`JitWrapped.__call__` does the same inline, without the extra call)."""
+    """`fun` as an entry point of frozenconst: an error leaving it drops frozenconst's frames where
+    JAX dropped its own, and JAX's refusal of a FrozenConst is frozenconst's (as `JitWrapped.__call__`)."""
 
     @functools.wraps(fun)
     def entry(*args: _P.args, **kwargs: _P.kwargs) -> _R:
@@ -51,8 +48,6 @@ def boundary(fun: Callable[_P, _R]) -> Callable[_P, _R]:
             hide_own_frames(err)
             refused = refused_as_array(err)
             if refused is not None:
-                # JAX refused a FrozenConst where it takes only a jax.Array: frozenconst's own
-                # error, naming the user's line and the fix (`_refusals`).
                 raise refused.with_traceback(err.__traceback__) from err
             raise
 
@@ -62,12 +57,8 @@ def boundary(fun: Callable[_P, _R]) -> Callable[_P, _R]:
 class JitWrapped(Generic[_P, _R]):
     """A function compiled by [`frozenconst.jit`][frozenconst.jit]. Call it like the original.
 
-    It holds the user's function and `jax.jit` of it (`_jitted`), which every call calls as it
-    is, so a call is `jax.jit`'s, on JAX's C++ fast path, and an error is `jax.jit`'s but where
-    JAX refuses a FrozenConst (`_refusals`). Its own state lives in slots:
-    `functools.update_wrapper` copies the wrapped callable's `__dict__` into ours, as `jax.jit`
-    copies it, and a slot is read before the instance dict, so those copies never stand in for
-    this function's state.
+    Each call is `jax.jit(fun)`'s (`_jitted`), on JAX's C++ fast path. Its state lives in slots,
+    read before the `__dict__` that `functools.update_wrapper` copies from the wrapped callable.
     """
 
     __slots__ = ("__dict__", "__weakref__", "_fun", "_jitted", "_kwargs", "_options")
@@ -97,9 +88,8 @@ class JitWrapped(Generic[_P, _R]):
                 hide_own_frames(err)
                 refused = refused_as_array(err)
                 if refused is not None:
-                    # JAX refused a FrozenConst where it takes only a jax.Array (an index into
-                    # an array, ...): frozenconst's own error, naming the user's line and the
-                    # fix, with the traceback that reaches that line.
+                    # JAX refused a FrozenConst where it takes only a jax.Array: frozenconst's
+                    # error (`_refusals`), with the traceback that reaches the user's line.
                     raise refused.with_traceback(err.__traceback__) from err
                 _note_non_array(err)
                 raise
@@ -108,9 +98,8 @@ class JitWrapped(Generic[_P, _R]):
         return self._called_again(failed, args, kwargs)
 
     def _called_again(self, err: Exception, args: Any, kwargs: Any) -> _R:
-        """The call made again after XLA refused a FrozenConst argument's buffer, which another
-        thread's call donated after this one flattened it: each call flattens the constant
-        afresh, to its buffer made again. A few times at most, then the error as it is."""
+        """The call made again (a few times at most) after XLA refused a FrozenConst argument's
+        buffer that another thread donated meanwhile: each call flattens it afresh."""
         try:
             for _ in range(_MAX_REFEEDS):
                 try:
@@ -164,12 +153,8 @@ def _note_non_array(err: Exception) -> None:
 
 def _holds_constant(args: Any, kwargs: Any) -> bool:
     """Whether the call's arguments hold a FrozenConst: each call flattens it to its buffer afresh."""
-    leaves = jax.tree_util.tree_leaves((args, kwargs), is_leaf=_is_frozen)
+    leaves = jax.tree_util.tree_leaves((args, kwargs), is_leaf=lambda x: isinstance(x, FrozenConst))
     return any(isinstance(leaf, FrozenConst) for leaf in leaves)
-
-
-def _is_frozen(value: Any) -> bool:
-    return isinstance(value, FrozenConst)
 
 
 def _options_of(frame: types.FrameType) -> Options | None:
@@ -229,17 +214,15 @@ def jit(fun: Callable[_P, _R] | None = None, /, **jit_kwargs: Any) -> JitWrapped
     """
     if fun is None:
         return cast(_Decorator, functools.partial(jit, **jit_kwargs))
-    if not callable(fun):
-        raise FrozenConstTypeError(
-            f"frozenconst.jit needs a callable, but received a `{type(fun).__name__}`."
-        )
-    refuse_generator(fun, "frozenconst.jit")
+    refuse_uncompilable(fun, "frozenconst.jit")
     return JitWrapped(fun, jit_kwargs)
 
 
-def refuse_generator(fun: Callable[..., Any], name: str) -> None:
-    """Refuse a generator function when it is wrapped, as `jax.jit` does (its call would only
-    make a generator, which no program can return)."""
+def refuse_uncompilable(fun: Callable[..., Any], name: str) -> None:
+    """Refuse what is not a callable, or a generator function, as `jax.jit` does (its call would
+    only make a generator, which no program can return)."""
+    if not callable(fun):
+        raise FrozenConstTypeError(f"{name} needs a callable, but received a `{type(fun).__name__}`.")
     if inspect.isgeneratorfunction(fun):
         raise FrozenConstTypeError(
             f"{name} needs a function that returns arrays, but received the generator function "

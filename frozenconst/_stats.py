@@ -107,12 +107,8 @@ _Buffer: TypeAlias = tuple[Device, int]
 
 
 def _buffers(arrays: Iterable[jax.Array]) -> dict[_Buffer, int]:
-    """Each distinct device buffer under `arrays`, with its bytes.
-
-    Buffers at one address can differ in size: on CPU the first shard of a sharded
-    placement and the default buffer both alias the start of the host buffer. The
-    larger is counted, whichever comes first.
-    """
+    """Each distinct device buffer under `arrays`, with its bytes: the larger of those at one
+    address (on CPU a sharded placement's first shard and the default buffer alias one start)."""
     found: dict[_Buffer, int] = {}
     for array in arrays:
         for shard in array.addressable_shards:
@@ -129,10 +125,8 @@ def _per_device(buffers: dict[_Buffer, int]) -> dict[Device, int]:
 
 
 def _aliasing(store: Store, arrays: list[jax.Array], buffers: dict[_Buffer, int]) -> tuple[bool | None, int]:
-    """(zero_copy, aliased bytes): whether the default buffer aliases the host buffer, and
-    the bytes of device buffers that alias host buffers. For a partial constant, whose
-    device buffers are made per device from its frozen slices: whether every device
-    buffer of the declared sharding aliases its slice, and the bytes of those that do."""
+    """(zero_copy, aliased bytes): whether the default buffer (a partial constant's: every buffer
+    of its declared sharding) aliases its host buffer, and the bytes of device buffers that do."""
     if store.partial:
         addresses = {b.ctypes.data for b in store.host_buffers() if b.nbytes}
         home = [a for a in arrays if a.sharding == store.home]

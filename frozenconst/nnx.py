@@ -1,28 +1,15 @@
 """Constants in flax NNX modules: a `Variable` type that holds a FrozenConst, and `freeze`.
 
 `freeze(model.encoder)` turns every `nnx.Param` of a pretrained submodule into a
-[`Frozen`][frozenconst.nnx.Frozen] variable holding a `FrozenConst` of its value:
-one host buffer and one device buffer per weight, never trained, never written.
-NNX and its modules see a `Frozen` variable as a variable holding a `jax.Array`,
-the constant's own cached device buffer: `nnx.Linear`, `nnx.Conv`, `nnx.Embed`,
-`nnx.LayerNorm`, `nnx.MultiHeadAttention` and `jnp` functions on the variable work
-unchanged, and `nnx.jit`, `jax.jit` of `nnx.split` state and orbax pass it as an
-argument, never embedded in a program. Not being an `nnx.Param`, it is left out of
-`nnx.grad`, of `nnx.Optimizer(..., wrt=nnx.Param)` and of every `wrt=` filter that
-selects parameters.
+[`Frozen`][frozenconst.nnx.Frozen] variable: NNX sees the constant's cached device buffer as
+its value, and, not being an `nnx.Param`, it is left out of `nnx.grad` and of optimizers.
 
-What a `Frozen` variable does with a value written back into it (docs: Training,
-"Flax NNX"): `nnx.jit` returns every variable of the module it runs and writes
-each back, and JAX returns an unchanged input in a new buffer, so after each step
-NNX hands the variable a copy of its own constant (a plain `nnx.Param` takes the
-copy: a new buffer per step). A `Frozen` variable holding a constant drops a
-concrete value of the constant's shape and dtype written back that way (`nnx.jit`,
-`nnx.update`, `nnx.merge`) and keeps the constant: one device buffer across steps,
-and the copy freed as soon as NNX lets it go. A value of another shape or dtype
-raises `FrozenConstValueError`. Its value changes only by assigning another
-`FrozenConst` (`variable.set_value(FrozenConst(...))`, or `freeze` again); any other
-assignment raises `FrozenConstTypeError`. Inside a transformation it holds the
-traced value, as any variable does.
+A value written back into it (docs: Training, "Flax NNX"): `nnx.jit` writes every variable back
+after a step, and JAX returns an unchanged input in a new buffer. A `Frozen` variable drops such
+a copy of its constant's shape and dtype (`nnx.jit`, `nnx.update`, `nnx.merge`), keeping one
+device buffer across steps; another shape or dtype raises `FrozenConstValueError`. Only another
+`FrozenConst` changes its value; any other assignment raises `FrozenConstTypeError`. Inside a
+transformation it holds the traced value, as any variable does.
 
 Importing this module imports flax; `import frozenconst` never does.
 """
@@ -117,18 +104,12 @@ class Frozen(nnx.Variable[jax.Array]):
 
         @classmethod
         def _new(cls, value: Any, metadata: dict[str, Any]) -> Any:
-            """flax's own, on a variable whose slots are set before its value is written.
-
-            flax makes a variable with `object.__new__` on each pytree rebuild (a jitted
-            step's outputs, `nnx.merge`) and writes its value at once, through `_write`,
-            which reads the slots first: unset, that read would raise and catch an error on
-            every rebuild."""
+            """flax's own, on a variable whose slots are set before its value is written: unset,
+            `_write`'s read of them would raise and catch an error on every pytree rebuild."""
             variable: Any = super()._new(_FRESH, metadata)
             if type(value) is ArrayImpl:
-                # `_write` on a new variable given a concrete array, inlined: a step's
-                # outputs rebuilt (the NNX performance guide's functional loop rebuilds
-                # every variable per step). The constant where the array is its
-                # own buffer, else the copy as written.
+                # `_write` on a new variable given a concrete array, inlined (a functional loop
+                # rebuilds every variable per step): the constant where it is its own buffer.
                 owner = owner_of(value)
                 if owner is None:
                     _HELD.__set__(variable, value)
@@ -211,9 +192,8 @@ def _write(variable: Frozen, value: Any) -> None:
             const = value
         else:
             value = leaf
-    # Read once, and only where used (a constant given is written as it is): on a variable
-    # just made with `object.__new__` (flax 0.11's pytree rebuilds; `Frozen._new` sets the
-    # slots first on 0.12) the slot is unset, and the read raises and catches an error.
+    # Read only where used: on a variable just made with `object.__new__` (flax 0.11's
+    # rebuilds) the slot is unset, and the read raises and catches an error.
     held = None if const is not None else _const_of(variable)
     if const is None and isinstance(value, jax.Array):
         if held is not None and value is held.__jax_array__():

@@ -47,12 +47,9 @@ _iinfo: Callable[[Any], Any] = ml_dtypes.iinfo
 _finfo: Callable[[Any], Any] = ml_dtypes.finfo
 
 
-# The dtypes `jax.numpy` computes with on every backend: NumPy's numeric ones and
-# bfloat16. The others (float8, float6, float4, int2, int4 and their unsigned
-# kin, and whatever a newer JAX adds) are held, but XLA's support for them is
-# partial: its CPU backend aborts the process on `x + 0` for an empty float6
-# array ("Unhandled primitive type F6E2M3FN", a Check failure, not an
-# exception). Property tests get them when they ask (`exotic=True`).
+# The dtypes `jax.numpy` computes with on every backend: NumPy's numeric ones and bfloat16.
+# XLA's support for the others is partial (its CPU backend aborts the process on `x + 0` for an
+# empty float6 array, "Unhandled primitive type F6E2M3FN"): property tests ask (`exotic=True`).
 _COMPUTABLE: frozenset[np.dtype[Any]] = frozenset(
     np.dtype(t)
     for t in (
@@ -64,10 +61,8 @@ _COMPUTABLE: frozenset[np.dtype[Any]] = frozenset(
 
 @functools.cache
 def _usable_dtypes(exotic: bool) -> tuple[np.dtype[Any], ...]:
-    # Every dtype `jax.numpy` offers that the default backend can hold and read
-    # back (`_dtypes.supported`, the check `FrozenConst` makes, silent): jax 0.10's
-    # CPU backend offers float6 types it cannot transfer, and int1 arrays no
-    # compiled program takes. Only the exotic ones are probed.
+    # Every dtype the default backend can hold and read back (`_dtypes.supported`): jax 0.10's
+    # CPU backend offers float6 types it cannot transfer. Only the exotic ones are probed.
     candidates = SUPPORTED_DTYPES if exotic else SUPPORTED_DTYPES & _COMPUTABLE
     return tuple(d for d in sorted(candidates, key=lambda d: d.name) if supported(d))
 
