@@ -461,7 +461,7 @@ class Store:
         # The ids of this store's cached arrays, and the weak reference `OWNERS` holds for each.
         self.owned: set[int] = set()
         self.owner = OWNERS.reference(self, self.owned)
-        # What each use gets, one dict lookup: keyed as the note above `FedArrays` says, except the
+        # What each use gets, one dict lookup: keyed as the note above `_weakly_typed` says, except the
         # default placement where x64 does not change the device dtype (`_by_device`).
         self.served: dict[Any, jax.Array] = {}
         # `served[None]`, where there is one: the default placement's buffer while

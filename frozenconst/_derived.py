@@ -432,7 +432,8 @@ def rebuild(cls: type[_H], aux_data: None, children: Any) -> _H | np.ndarray[Any
     """Rebuild a FrozenConst from a leaf (`FrozenConst.tree_unflatten`): from the constant's own
     buffer, the constant; from NumPy data, that array; from anything else, a derived value (a
     differentiated one stopped: no gradient), which warns once per user line where it is a new
-    concrete array: nothing else tells a user their model no longer holds the constant."""
+    concrete array: nothing else tells a user their model no longer holds the constant
+    (docs/training.md, "What each idiom does")."""
     (leaf,) = children
     # `owner_of`, the derived-copy warning's checks and `_of`, inlined, and a concrete
     # array's case first: a jitted step returning many FrozenConsts rebuilds each one per

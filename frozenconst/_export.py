@@ -539,9 +539,12 @@ def _serialization_missing(step: str, err: ImportError) -> FrozenConstRuntimeErr
 
 
 def _version() -> str:
-    from . import __version__  # the package's, read once it is imported
+    from importlib.metadata import PackageNotFoundError, version
 
-    return __version__
+    try:
+        return version("frozenconst")
+    except PackageNotFoundError:  # pragma: no cover - a source tree
+        return "0.0.0"
 
 
 # -- loading ----------------------------------------------------------------------------------

@@ -154,6 +154,7 @@ def test_edges_across_two_processes(tmp_path):
 
 @pytest.mark.subprocess
 def test_the_documented_example_runs():
+    free_port()  # the example's launcher binds one for jax.distributed's coordinator
     code, out = run_bounded(
         [sys.executable, str(EXAMPLE)], TIMEOUT_S, env=subprocess_env("cpu"), cwd=HERE.parent
     )  # processes of CPU devices

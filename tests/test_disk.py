@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import ROOT, run_bounded, subprocess_env
+from helpers import ROOT, requires_peak_rss, run_bounded, subprocess_env
 
 MIB = 1 << 20
 
@@ -15,6 +15,7 @@ MIB = 1 << 20
 @pytest.mark.subprocess
 @pytest.mark.pipeline_independent
 def test_building_from_a_memory_map_peaks_at_one_copy(tmp_path):
+    requires_peak_rss()
     path = tmp_path / "const.npy"
     np.save(path, np.random.default_rng(0).standard_normal(16 * MIB).astype(np.float32))  # 64 MiB
     rows = {}

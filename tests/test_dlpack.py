@@ -56,12 +56,34 @@ def _pointer(a):
     return a.unsafe_buffer_pointer()
 
 
+@functools.cache
+def _jax_exports_no_device_buffer():
+    """Whether JAX's DLPack refuses this device's memory (a TPU: "only supported for CPU and
+    GPU"); a constant then exports its host buffer (docs/jax.md, "DLPack")."""
+    try:
+        jnp.zeros(1).__dlpack_device__()
+    except BufferError:
+        return True
+    return False
+
+
+def _host_exported():
+    """Whether `x.__dlpack__()` hands out the frozen host buffer: on one CPU device (whose buffer
+    aliases it) and where JAX exports no device memory."""
+    return on_cpu() or _jax_exports_no_device_buffer()
+
+
+def _dlpack_device_of(array):
+    """Where a `jax.Array` exports from: its own answer, or the CPU's where JAX refuses."""
+    return (1, 0) if _jax_exports_no_device_buffer() else array.__dlpack_device__()  # kDLCPU
+
+
 def test_the_dlpack_device_is_that_of_jnp_asarray():
     x = FrozenConst(unique_data())
-    assert x.__dlpack_device__() == jnp.asarray(x).__dlpack_device__()
+    assert x.__dlpack_device__() == _dlpack_device_of(jnp.asarray(x))
     device = jax.devices()[0]
     placed = x.placed(device)
-    assert placed.__dlpack_device__() == jnp.asarray(placed).__dlpack_device__()
+    assert placed.__dlpack_device__() == _dlpack_device_of(jnp.asarray(placed))
 
 
 def test_jnp_from_dlpack_is_the_constant_on_its_device():
@@ -69,12 +91,14 @@ def test_jnp_from_dlpack_is_the_constant_on_its_device():
     x = FrozenConst(data)
     cached = jnp.asarray(x)
     got = jnp.from_dlpack(x)
-    assert got.devices() == cached.devices() and got.dtype == cached.dtype
+    # Where JAX exports no device memory, the host buffer: a CPU array, as from NumPy's.
+    where = {jax.devices("cpu")[0]} if _jax_exports_no_device_buffer() else cached.devices()
+    assert got.devices() == where and got.dtype == cached.dtype
     np.testing.assert_array_equal(np.asarray(got), data)
     if not _jax_asks_for_dlpack_1():
         # DLPack < 1.0 cannot mark memory read-only: JAX receives a copy (jax <= 0.11).
-        assert _pointer(got) != _pointer(cached)
-    elif on_cpu():
+        assert _pointer(got) not in (_pointer(cached), np.asarray(x).ctypes.data)
+    elif on_cpu() or _jax_exports_no_device_buffer():  # JAX's CPU client takes it as it is
         assert _pointer(got) == np.asarray(x).ctypes.data  # the host buffer, no copy
     else:
         assert _pointer(got) == _pointer(cached)  # the cached device buffer, no copy
@@ -101,6 +125,10 @@ def test_numpy_gets_the_host_data_read_only_and_shared_wherever_it_asks_for_the_
 def test_numpy_without_a_device_does_what_it_does_for_the_cached_array():
     x = FrozenConst(unique_data())
     cached = jnp.asarray(x)
+    if _jax_exports_no_device_buffer():  # a TPU: the host buffer, read-only, as asked with "cpu"
+        got = np.from_dlpack(x)
+        assert np.shares_memory(got, np.asarray(x)) and not got.flags.writeable
+        return
     try:
         expected = np.from_dlpack(cached)
     except Exception as err:  # an accelerator's memory: NumPy refuses it
@@ -128,7 +156,7 @@ def test_a_consumer_of_dlpack_before_1_0_gets_a_copy_it_may_write(consumer):
     x = FrozenConst(data)
     legacy = _Legacy(x)
     if consumer == "numpy":
-        if not on_cpu():
+        if not _host_exported():
             pytest.skip("NumPy reads only host memory, and a legacy consumer cannot ask for the CPU")
         got = np.from_dlpack(legacy)
         assert not np.shares_memory(got, np.asarray(x))
@@ -136,8 +164,9 @@ def test_a_consumer_of_dlpack_before_1_0_gets_a_copy_it_may_write(consumer):
             got[...] = -1
     else:
         got = jnp.from_dlpack(legacy)
-        assert _pointer(got) != _pointer(jnp.asarray(x))
-        assert got.devices() == jnp.asarray(x).devices()
+        assert _pointer(got) not in (_pointer(jnp.asarray(x)), np.asarray(x).ctypes.data)
+        where = {jax.devices("cpu")[0]} if _jax_exports_no_device_buffer() else jnp.asarray(x).devices()
+        assert got.devices() == where
     np.testing.assert_array_equal(np.asarray(x), data)
     np.testing.assert_array_equal(np.asarray(jnp.asarray(x)), data)
 

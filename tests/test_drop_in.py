@@ -177,7 +177,9 @@ def test_a_warning_exactly_where_jax_embeds_the_constant(form):
     with recorded() as caught, lowered_sizes() as sizes:
         jax.block_until_ready(run(t, v))
     caught = [w for w in caught if " is embedded in the compiled program" in str(w.message)]  # not a copy's
-    embedded = max(sizes, default=0) > t.nbytes
+    # An embedded table is printed in hex, two characters a byte; a program without it stays far
+    # below (flax's, on a TPU, near 16 KB).
+    embedded = max(sizes, default=0) > 2 * t.nbytes
     assert embedded == (PIPELINE in embeds), (form, sizes)
     assert len(caught) == int(embedded), [str(w.message) for w in caught]
     if embedded:

@@ -20,7 +20,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import enable_x64, free_port, on_cpu, run_bounded, run_processes, subprocess_env
+from helpers import (
+    enable_x64,
+    free_port,
+    on_cpu,
+    requires_peak_rss,
+    run_bounded,
+    run_processes,
+    subprocess_env,
+)
 
 import frozenconst
 from frozenconst import FrozenConst
@@ -709,6 +717,7 @@ def test_without_flatbuffers_save_says_what_to_install(tmp_path):
 def test_loading_and_the_first_call_make_no_second_host_copy(tmp_path):
     # A 256 MiB table loaded in a fresh process (after a first small program, which costs what
     # any process's first compile does), on the CPU backend, where device buffers are host memory.
+    requires_peak_rss()
     worker = str(pathlib.Path(__file__).resolve().parent / "export_worker.py")
     code, out = run_bounded(
         [sys.executable, worker, str(tmp_path), "memory", "256"], env=subprocess_env("cpu")

@@ -20,9 +20,11 @@ INSTALLED_WHEEL = os.environ.get("FROZENCONST_WHEEL_TEST") == "1"
 
 def test_imported_from_where_it_should_be():
     source_tree = pathlib.Path(__file__).resolve().parent.parent / "frozenconst"
-    # Under `make package`: the wheel in site-packages, never this checkout.
+    # Under `make package` (and `make device`): the files the wheel installed, wherever pip put
+    # them (site-packages, or `--target`), never this checkout.
     assert (source_tree == PACKAGE) is not INSTALLED_WHEEL, PACKAGE
-    assert ("site-packages" in PACKAGE.parts) is INSTALLED_WHEEL
+    installed = importlib.metadata.distribution("frozenconst").locate_file("frozenconst/__init__.py")
+    assert (pathlib.Path(str(installed)).resolve().parent == PACKAGE) is INSTALLED_WHEEL, PACKAGE
 
 
 def test_typed_marker_and_entry_points_are_shipped():

@@ -459,6 +459,10 @@ def test_docs_list_the_functions_that_bypass_jax_numpy():
 def test_audit_names_the_function_that_bypasses_jax_numpy(call):
     x = FrozenConst(np.eye(3, dtype=np.float32) + 1)
     (name,) = [n for n in BYPASS_JAX_NUMPY if n.rsplit(".", 1)[1] in call.__code__.co_names]
+    try:
+        call(jnp.asarray(np.asarray(x)))
+    except NotImplementedError as err:  # `hessenberg` on a TPU: JAX lowers it on CPU and GPU only
+        pytest.skip(f"JAX computes {name} on no {jax.default_backend()}: {str(err).splitlines()[0]}")
     if jax.__version__ not in BYPASS_JAX_NUMPY[name]:
         _same(call(x), call(jnp.asarray(x)))  # takes it: `jax.lax` does, on this JAX
         return

@@ -32,7 +32,8 @@ LAYERS = [
     ["_export", "_hypothesis_hook"],
     ["_install"],
     ["_guard"],
-    ["__init__", "__main__"],
+    ["__init__"],
+    ["__main__"],  # the command line: the public API's first user (`frozenconst.audit`)
 ]
 # The core: a constant's construction, host buffer, device store, pytree handling and array API.
 # It imports nothing of the jit side (`_hoist`, `_jit`, `_filter_jit`, `_export`), of the tools
@@ -68,8 +69,9 @@ def _runtime_imports(path: pathlib.Path, annotations: bool = False) -> set[str]:
             continue
         if node.module:
             found.add(node.module.split(".")[0])
-        else:
-            found.update(alias.name for alias in node.names)
+        else:  # `from . import name`: a module, or a name of the package's own `__init__`
+            names = (a.name for a in node.names)
+            found.update(n if (path.parent / f"{n}.py").is_file() else "__init__" for n in names)
     return found
 
 
@@ -324,7 +326,7 @@ def test_no_block_of_the_hoist_is_above_radon_c():
 
 def _picture_rows() -> list[set[str]]:
     """The modules on each row of docs/design/index.md's picture, top row first."""
-    text = (PACKAGE.parent / "docs" / "design" / "index.md").read_text()
+    text = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "design" / "index.md").read_text()
     block = text.split("## The package, one page", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
     words = [set(line.replace(",", " ").split()) for line in block.splitlines()]
     return [row & set(LEVEL) for row in words if row & set(LEVEL)]

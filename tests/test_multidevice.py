@@ -49,6 +49,7 @@ def test_two_processes_with_jax_distributed():
 
 @pytest.mark.subprocess
 def test_the_documented_launcher_runs():
+    free_port()  # the launcher binds one for jax.distributed's coordinator
     code, out = _run([sys.executable, str(EXAMPLE)], env=_env(), cwd=HERE.parent)
     assert code == 0, out[-6000:]
     assert "process 0 ok" in out and "process 1 ok" in out

@@ -110,7 +110,9 @@ def _subnormal(x):
         return False
     tiny = float(ml_dtypes.finfo(x.dtype).tiny)
     complex_ = jnp.issubdtype(x.dtype, jnp.complexfloating)
-    held = np.asarray(jnp.asarray(x)).astype(np.complex128 if complex_ else np.float64)
+    # The data drawn, in the dtype JAX computes with, read on the host: a device's copy need
+    # not keep a subnormal (on a TPU, none of float64's came back).
+    held = np.asarray(x).astype(x.dtype).astype(np.complex128 if complex_ else np.float64)
     return any(bool(np.any((np.abs(p) > 0) & (np.abs(p) < tiny))) for p in (held.real, np.imag(held)))
 
 
