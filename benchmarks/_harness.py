@@ -246,3 +246,14 @@ def copy_at(data: Any, offset: int) -> Any:
     np.copyto(out, data)
     assert out.ctypes.data % 64 == offset % 64
     return out
+
+
+def single_device_sharding(device: Any, memory_kind: str | None = None) -> Any:
+    """The sharding of one device, as this JAX makes it: jax 0.12.1 deprecates the name
+    `jax.sharding.SingleDeviceSharding` for `jax.sharding.make_single_device_sharding`."""
+    import jax
+
+    make = getattr(jax.sharding, "make_single_device_sharding", None)
+    if make is not None:
+        return make(device, memory_kind=memory_kind)
+    return jax.sharding.SingleDeviceSharding(device, memory_kind=memory_kind)

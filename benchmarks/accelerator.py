@@ -268,14 +268,15 @@ def transfer(sizes_mib: list[int], reps: int, choices: list[str], rng_seed: int)
     page-locked memory (the device reading a page-locked `jax.Array`, and filling one from NumPy
     or from the device); and `stats()` against `memory_stats()` for one constant."""
     import jax
-    from jax.sharding import SingleDeviceSharding
 
     import frozenconst
     from frozenconst import FrozenConst
 
+    from ._harness import single_device_sharding
+
     device = jax.local_devices()[0]
-    on_device = SingleDeviceSharding(device)
-    page_locked = SingleDeviceSharding(device, memory_kind="pinned_host")
+    on_device = single_device_sharding(device)
+    page_locked = single_device_sharding(device, memory_kind="pinned_host")
     rng = random.Random(rng_seed)
     rows = []
     floors = []

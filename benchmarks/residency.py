@@ -163,12 +163,13 @@ def bandwidth(size: dict[str, Any]) -> dict[str, Any]:
     """pinned_host -> device: by `jax.device_put`, and inside a compiled program."""
     import jax
     import jax.numpy as jnp
-    from jax.sharding import SingleDeviceSharding
+
+    from ._harness import single_device_sharding
 
     device = jax.devices()[0]
     n = size["bandwidth_bytes"] // 4
-    pinned_sharding = SingleDeviceSharding(device, memory_kind="pinned_host")
-    on_device = SingleDeviceSharding(device)
+    pinned_sharding = single_device_sharding(device, memory_kind="pinned_host")
+    on_device = single_device_sharding(device)
     start = time.perf_counter()
     pinned = jax.device_put(jnp.ones(n, jnp.float32), pinned_sharding)  # device -> pinned
     pinned.block_until_ready()

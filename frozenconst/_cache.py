@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeAlias
 
 import jax
 import numpy as np
-from jax.sharding import Sharding, SingleDeviceSharding
+from jax.sharding import Sharding
 from numpy.typing import DTypeLike
 
 from ._compat import (
@@ -32,6 +32,7 @@ from ._compat import (
     Device,
     Tracer,
     eval_context,
+    is_single_device_sharding,
     tracing,
     weakly_typed,
 )
@@ -694,7 +695,7 @@ class Store:
             return {device: math.prod(self.shape) * itemsize}
         if sharding.memory_kind not in (None, "device"):
             return {}
-        if isinstance(sharding, SingleDeviceSharding):
+        if is_single_device_sharding(sharding):
             (single,) = sharding.device_set
             existing = self._made.get((None, single, dtype))
             if existing is not None and not existing.is_deleted():
@@ -770,7 +771,7 @@ class Store:
             if resident is not None:
                 self.transfers += 1
                 return resident
-        if isinstance(sharding, SingleDeviceSharding):
+        if is_single_device_sharding(sharding):
             (device,) = sharding.device_set
             existing = self._made.get((None, device, dtype))
             if existing is not None and not existing.is_deleted():
@@ -782,7 +783,7 @@ class Store:
         if served is not None:
             self.transfers += 1
             return served
-        if sharding is None or isinstance(sharding, SingleDeviceSharding):
+        if sharding is None or is_single_device_sharding(sharding):
             # No `device` argument: uncommitted, like `jnp.asarray(np_array)`.
             single: jax.Array = (
                 jax.device_put(self.host) if sharding is None else jax.device_put(self.host, sharding)
@@ -815,9 +816,7 @@ class Store:
                 self._made.clear()
                 self.served.clear()
             else:
-                device = (
-                    next(iter(sharding.device_set)) if isinstance(sharding, SingleDeviceSharding) else None
-                )
+                device = next(iter(sharding.device_set)) if is_single_device_sharding(sharding) else None
                 which = [m for m in self._made if m[0] == sharding or (m[0] is None and m[1] == device)]
                 dropped = [self._made.pop(made) for made in which]
                 kept = {id(a) for a in self._made.values()}

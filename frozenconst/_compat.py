@@ -9,7 +9,7 @@ import os
 import sys
 import types
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import jax
 import jax.core
@@ -255,6 +255,29 @@ def register_array_type(cls: type, to_array: Callable[[Any], Any]) -> bool:
     else:  # pragma: no cover - a jaxlib older than its JAX's C++ table
         _dtypes.canonicalize_value_handlers[cls] = to_array
     return True
+
+
+# --- a sharding of one device ---
+# jax 0.12.1 deprecates the name `jax.sharding.SingleDeviceSharding` (every access warns) for
+# `jax.sharding.make_single_device_sharding` and `is_single_device_sharding`, and says the
+# first may return a `NamedSharding` one day. Fallback, before 0.12.1: the class itself.
+_MAKE_SINGLE: Any = getattr(jax.sharding, "make_single_device_sharding", None)
+_IS_SINGLE: Any = getattr(jax.sharding, "is_single_device_sharding", None)
+
+
+def single_device_sharding(device: Any, memory_kind: str | None = None) -> jax.sharding.Sharding:
+    """The sharding of one device (with `memory_kind`), as this JAX makes it."""
+    if _MAKE_SINGLE is not None:
+        made: jax.sharding.Sharding = _MAKE_SINGLE(device, memory_kind=memory_kind)
+        return made
+    return jax.sharding.SingleDeviceSharding(device, memory_kind=memory_kind)
+
+
+def is_single_device_sharding(sharding: object) -> TypeGuard[jax.sharding.Sharding]:
+    """Whether `sharding` is what `single_device_sharding` makes."""
+    if _IS_SINGLE is not None:
+        return isinstance(sharding, jax.sharding.Sharding) and bool(_IS_SINGLE(sharding))
+    return isinstance(sharding, jax.sharding.SingleDeviceSharding)
 
 
 # --- page-locked host buffers (docs/host-memory.md) ---

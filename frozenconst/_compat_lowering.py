@@ -18,7 +18,7 @@ import jax.extend.core
 import jax.sharding
 import numpy as np
 
-from ._compat import JIT_MODULE, frame_at
+from ._compat import JIT_MODULE, frame_at, single_device_sharding
 
 # JAX's constant pipeline, read once at import as JAX itself reads it (jax
 # 0.10.2 `array.py` makes `ArrayImpl` a literal type at import when it is on).
@@ -154,7 +154,7 @@ class Hooks:
             if len(found.device_set) < 2:
                 if single:
                     (device,) = found.device_set
-                    return jax.sharding.SingleDeviceSharding(device)
+                    return single_device_sharding(device)
                 continue
             mesh = getattr(found, "mesh", None)
             if not isinstance(mesh, jax.sharding.Mesh):

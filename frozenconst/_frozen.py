@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from numpy.typing import ArrayLike, DTypeLike
 
 from ._cache import STATE, Placement, Store, live_twin
@@ -19,6 +19,8 @@ from ._compat import (
     ArrayImpl,
     Tracer,
     array_attributes,
+    is_single_device_sharding,
+    single_device_sharding,
 )
 from ._convert import frozen_copy, host_plan
 from ._derived import COPY, NO_LEAF, CopyMark, Derived, copy_record, know_copy, new_handle, rebuild
@@ -195,11 +197,10 @@ class FrozenConst(_StaticBase):
 
         Examples:
             >>> import jax, numpy as np
-            >>> from jax.sharding import SingleDeviceSharding
             >>> from frozenconst import FrozenConst
             >>> whole = np.arange(6.0).reshape(2, 3)
-            >>> sharding = SingleDeviceSharding(jax.devices()[0])
-            >>> x = FrozenConst.from_callback((2, 3), sharding, lambda index: whole[index], dtype=np.float32)
+            >>> device = jax.devices()[0]
+            >>> x = FrozenConst.from_callback((2, 3), device, lambda index: whole[index], dtype=np.float32)
             >>> x
             FrozenConst([[0., 1., 2.],
                          [3., 4., 5.]], dtype=float32)
@@ -313,7 +314,7 @@ class FrozenConst(_StaticBase):
             >>> from frozenconst import FrozenConst
             >>> x = FrozenConst(np.arange(4.0))
             >>> cpu0 = jax.devices()[0]
-            >>> x.on(cpu0) is x.on(jax.sharding.SingleDeviceSharding(cpu0))
+            >>> x.on(cpu0) is x.on(x.on(cpu0).sharding)  # a device, or its one-device sharding
             True
             >>> x.on(cpu0).committed
             True
@@ -349,7 +350,7 @@ class FrozenConst(_StaticBase):
             >>> x.declared_sharding is None
             True
             >>> device = jax.devices()[0]
-            >>> x.placed(device).declared_sharding == jax.sharding.SingleDeviceSharding(device)
+            >>> x.placed(device).declared_sharding.device_set == {device}
             True
         """
         return self._declared()
@@ -822,7 +823,7 @@ def _spec_state(spec: PartitionSpec) -> tuple[Any, ...] | None:
 
 def _sharding_state(sharding: jax.sharding.Sharding) -> tuple[Any, ...]:
     """A picklable description of `sharding` (built from ints and strings only)."""
-    if isinstance(sharding, SingleDeviceSharding):
+    if is_single_device_sharding(sharding):
         device: Any
         (device,) = sharding.device_set
         return ("single", device.platform, device.id, sharding.memory_kind)
@@ -858,7 +859,7 @@ def _find_device(platform: str, device_id: int) -> Any:
 def _rebuild_sharding(state: tuple[Any, ...]) -> jax.sharding.Sharding:
     if state[0] == "single":
         _, platform, device_id, memory_kind = state
-        return SingleDeviceSharding(_find_device(platform, device_id), memory_kind=memory_kind)
+        return single_device_sharding(_find_device(platform, device_id), memory_kind=memory_kind)
     if state[0] == "named":
         _, platform, shape, ids, axis_names, axis_types, spec, memory_kind = state
         devices = np.empty(len(ids), dtype=object)

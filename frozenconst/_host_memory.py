@@ -34,9 +34,16 @@ from typing import Any, Literal, TypeAlias
 
 import jax
 import numpy as np
-from jax.sharding import Sharding, SingleDeviceSharding
+from jax.sharding import Sharding
 
-from ._compat import Device, Tracer, offers_pinned_host, uncommitted
+from ._compat import (
+    Device,
+    Tracer,
+    is_single_device_sharding,
+    offers_pinned_host,
+    single_device_sharding,
+    uncommitted,
+)
 from ._dtypes import held_dtype
 from ._errors import FrozenConstTypeError, FrozenConstValueError
 from ._frames import warn_degraded
@@ -208,12 +215,14 @@ class Pinned:
             if default != home:
                 return None
         elif not (
-            isinstance(sharding, SingleDeviceSharding)
+            is_single_device_sharding(sharding)
             and sharding.device_set == {home}
             and sharding.memory_kind in (None, home.default_memory().kind)
         ):
             return None
-        array: jax.Array = jax.device_put(copy, SingleDeviceSharding(home) if sharding is None else sharding)
+        array: jax.Array = jax.device_put(
+            copy, single_device_sharding(home) if sharding is None else sharding
+        )
         if sharding is not None:
             return array
         free: jax.Array | None = uncommitted(array)
@@ -234,7 +243,7 @@ def page_lock(array: jax.Array, device: Device) -> jax.Array:
     device to device).
     """
     with jax.transfer_guard("allow"):
-        copied: jax.Array = jax.device_put(array, SingleDeviceSharding(device, memory_kind="pinned_host"))
+        copied: jax.Array = jax.device_put(array, single_device_sharding(device, memory_kind="pinned_host"))
     return copied
 
 
@@ -261,7 +270,7 @@ class Resident:
         if not self.streams:
             return None
         if sharding is None:
-            pinned: Sharding = SingleDeviceSharding(default, memory_kind="pinned_host")
+            pinned: Sharding = single_device_sharding(default, memory_kind="pinned_host")
         else:
             pinned = sharding.with_memory_kind("pinned_host")
         refused = next((d for d in pinned.device_set if not offers_pinned_host(d)), None)

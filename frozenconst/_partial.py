@@ -20,11 +20,11 @@ from typing import Any, TypeAlias
 
 import jax
 import numpy as np
-from jax.sharding import Sharding, SingleDeviceSharding
+from jax.sharding import Sharding
 from numpy.typing import DTypeLike
 
 from ._cache import STATE, Store
-from ._compat import Device
+from ._compat import Device, single_device_sharding
 from ._convert import as_dtype, check_narrowing, frozen_copy
 from ._dtypes import check_dtype, native
 from ._errors import FrozenConstTypeError, FrozenConstValueError, NotAddressableError
@@ -248,7 +248,7 @@ class PartialStore(Store):
         convert = self.dtype != dtype
         arrays = []
         for device, part in parts.items():
-            target = SingleDeviceSharding(device, memory_kind=sharding.memory_kind)
+            target = single_device_sharding(device, memory_kind=sharding.memory_kind)
             arrays.append(jax.device_put(part.astype(dtype) if convert else part, target))
             self.transfers += 1  # called under the lock, once per addressable device
         # `dtype=`: with none of the sharding's devices in this process there is

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any, TypeAlias
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
+from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
-from ._compat import Device, active_mesh
+from ._compat import Device, active_mesh, single_device_sharding
 from ._errors import FrozenConstTypeError, FrozenConstValueError
 
 Target: TypeAlias = Device | Sharding | PartitionSpec
@@ -18,7 +18,7 @@ Target: TypeAlias = Device | Sharding | PartitionSpec
 def as_sharding(target: Any, shape: tuple[int, ...]) -> Sharding:
     """Turn a placement target into a sharding valid for an array of `shape`, or raise."""
     if isinstance(target, jax.Device):
-        return SingleDeviceSharding(target)
+        return single_device_sharding(target)
     if isinstance(target, PartitionSpec):
         mesh = active_mesh()
         if mesh is None:

@@ -22,6 +22,7 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from helpers import single_device_sharding  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
@@ -253,7 +254,7 @@ def edges(path):
 
     # -- on a device of another process: as `jax.device_put` to that device ----
     remote = next(d for d in jax.devices() if d.process_index != jax.process_index())
-    elsewhere = jax.sharding.SingleDeviceSharding(remote)
+    elsewhere = single_device_sharding(remote)
     try:
         want = jax.device_put(data, elsewhere)
         assert not want.addressable_shards and want.dtype == np.int32  # what JAX gives

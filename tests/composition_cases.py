@@ -19,9 +19,10 @@ import gc
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import single_device_sharding
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from jax.sharding import NamedSharding, SingleDeviceSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import frozenconst
@@ -207,6 +208,6 @@ def test_in_shardings_given_once_applies_to_the_arguments_not_to_the_constants()
     # Equivalent placements (jax 0.6.2 names a one-device mesh's output `P()` where it names `P("i")`).
     assert got.sharding.is_equivalent_to(want.sharding, got.ndim), (got.sharding, want.sharding)
     # The constant keeps its own placement: one buffer, on the default device.
-    assert odd.on(jax.devices()[0]).sharding == SingleDeviceSharding(jax.devices()[0])
+    assert odd.on(jax.devices()[0]).sharding == single_device_sharding(jax.devices()[0])
     lowered = frozenconst.jit(fun, in_shardings=sharding).lower(w, w)
     assert len(lowered.as_text()) < odd.nbytes

@@ -84,6 +84,15 @@ def subprocess_env(platform=None):
     return env
 
 
+def single_device_sharding(device, memory_kind=None):
+    """The sharding of one device, as this JAX makes it: jax 0.12.1 deprecates the name
+    `jax.sharding.SingleDeviceSharding` for `jax.sharding.make_single_device_sharding`."""
+    make = getattr(jax.sharding, "make_single_device_sharding", None)
+    if make is not None:
+        return make(device, memory_kind=memory_kind)
+    return jax.sharding.SingleDeviceSharding(device, memory_kind=memory_kind)
+
+
 def free_port():
     """A free TCP port on loopback. Another process could take it before the
     coordinator binds it; callers that care retry with a new one.

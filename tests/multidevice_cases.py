@@ -10,8 +10,8 @@ import gc  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from helpers import assert_float32_close, in_device_memory  # noqa: E402
-from jax.sharding import NamedSharding, SingleDeviceSharding  # noqa: E402
+from helpers import assert_float32_close, in_device_memory, single_device_sharding  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import frozenconst  # noqa: E402
@@ -94,7 +94,7 @@ def test_device_and_single_device_sharding_are_one_placement():
     x = FrozenConst(data)
     d2 = jax.devices()[2]
     a = x.on(d2)
-    assert a is x.on(SingleDeviceSharding(d2))
+    assert a is x.on(single_device_sharding(d2))
     assert a.devices() == {d2} and a.committed
 
 

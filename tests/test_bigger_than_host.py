@@ -7,7 +7,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from helpers import free_port, run_bounded, run_processes, subprocess_env
+from helpers import free_port, run_bounded, run_processes, single_device_sharding, subprocess_env
 
 from frozenconst import FrozenConst, FrozenConstTypeError, FrozenConstValueError
 
@@ -52,7 +52,7 @@ def test_from_callback_in_one_process_is_a_whole_constant():
         returned.append(np.array(data[index]))
         return returned[-1]
 
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    sharding = single_device_sharding(jax.devices()[0])
     x = FrozenConst.from_callback(data.shape, sharding, read, dtype=np.float32)
     assert indices == [(slice(None), slice(None))]
     returned[0][...] = -1  # changing what the callback returned changes nothing
@@ -63,7 +63,7 @@ def test_from_callback_in_one_process_is_a_whole_constant():
 
 
 def test_from_callback_names_the_index_and_what_it_received():
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    sharding = single_device_sharding(jax.devices()[0])
     with pytest.raises(
         FrozenConstValueError, match=r"shape \(3,\) for index \[:, :\], which selects shape \(2, 3\)"
     ):
@@ -81,7 +81,7 @@ def test_from_callback_names_the_index_and_what_it_received():
     [np.arange(6, dtype=np.int32), np.arange(6, dtype=np.uint8), np.ones(6, np.float16), np.ones(6, bool)],
 )
 def test_from_callback_without_dtype_keeps_the_slices_dtype_as_jax_does(data):
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    sharding = single_device_sharding(jax.devices()[0])
     x = FrozenConst.from_callback(data.shape, sharding, lambda index: data[index], dtype=None)
     want = jax.make_array_from_callback(data.shape, sharding, lambda index: data[index])
     assert x.dtype == data.dtype == want.dtype
@@ -91,7 +91,7 @@ def test_from_callback_without_dtype_keeps_the_slices_dtype_as_jax_does(data):
 
 @pytest.mark.parametrize("shape", [(8.9, 4), (8, 4.0), 8.0, ("8", 4), (np.float64(8), 4)])
 def test_from_callback_refuses_a_shape_that_is_not_ints_as_numpy_and_jax_do(shape):
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    sharding = single_device_sharding(jax.devices()[0])
     with pytest.raises(TypeError):
         np.zeros(shape)
     with pytest.raises(TypeError):
@@ -101,7 +101,7 @@ def test_from_callback_refuses_a_shape_that_is_not_ints_as_numpy_and_jax_do(shap
 
 
 def test_from_callback_takes_any_integer_shape():
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    sharding = single_device_sharding(jax.devices()[0])
     x = FrozenConst.from_callback((np.int64(2), 3), sharding, lambda index: np.ones((2, 3))[index])
     assert x.shape == (2, 3) and type(x.shape[0]) is int
     with pytest.raises(FrozenConstValueError, match="non-negative"):

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import enable_x64, live_copies, requires_cpu, unique_data
+from helpers import enable_x64, live_copies, requires_cpu, single_device_sharding, unique_data
 
 import frozenconst
 from frozenconst import FrozenConst, FrozenConstWarning
@@ -237,7 +237,7 @@ def test_evicting_the_default_devices_placement_drops_the_default_buffer_too():
     old = jnp.asarray(x)
     x.on(device)  # committing the default buffer: the same device memory
     before = x.stats().transfers
-    x.evict(jax.sharding.SingleDeviceSharding(device))
+    x.evict(single_device_sharding(device))
     assert x.placements == ()
     del old
     assert live_copies(data) == 0
@@ -293,7 +293,7 @@ def test_the_inline_hits_answer_what_the_one_rule_answers():
     with pytest.warns(FrozenConstWarning, match="was deleted"):
         renewed = _agree(x)
     assert renewed is not first and not renewed.is_deleted()
-    placed = FrozenConst(data + 1, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    placed = FrozenConst(data + 1, sharding=single_device_sharding(jax.devices()[0]))
     _agree(placed)  # a declared sharding
     with pytest.warns(FrozenConstWarning, match="put a copy of FrozenConst values"):
         copy = jax.tree.map(lambda a: a + 1, x)  # a copy: its own new array

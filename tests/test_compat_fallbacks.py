@@ -9,6 +9,7 @@ several of these fallbacks are simply what runs.
 """
 
 import json
+import pickle
 import sys
 import textwrap
 import warnings
@@ -446,3 +447,27 @@ def test_without_jaxs_array_class_a_constant_rebuilds_as_itself_and_a_new_array_
     np.testing.assert_array_equal(np.asarray(through), np.asarray(x))
     host = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(x), [np.asarray(x)])
     assert type(host) is np.ndarray
+
+
+@pytest.mark.parametrize("jax_functions", [True, False], ids=["jax's functions", "the class"])
+def test_a_one_device_sharding_is_made_and_known_with_or_without_jaxs_functions(monkeypatch, jax_functions):
+    # jax 0.12.1 makes and recognises it through `jax.sharding.make_single_device_sharding` and
+    # `is_single_device_sharding`; before, through the class alone (forced here where JAX has both).
+    if not jax_functions:
+        monkeypatch.setattr(_compat, "_MAKE_SINGLE", None)
+        monkeypatch.setattr(_compat, "_IS_SINGLE", None)
+    device = jax.devices()[0]
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", "jax.sharding.SingleDeviceSharding is deprecated", DeprecationWarning
+        )
+        made = _compat.single_device_sharding(device, memory_kind=None)
+        named = jax.sharding.NamedSharding(jax.make_mesh((1,), ("x",)), jax.sharding.PartitionSpec())
+        assert _compat.is_single_device_sharding(made) and made.device_set == {device}
+        assert not _compat.is_single_device_sharding(named) and not _compat.is_single_device_sharding(device)
+        data = unique_data((4, 4))
+        x = FrozenConst(data, sharding=made)
+        assert x.declared_sharding == made == x.placed(device).declared_sharding
+        y = pickle.loads(pickle.dumps(x))  # the sharding described and rebuilt
+        assert y.declared_sharding == made
+        np.testing.assert_array_equal(np.asarray(y.on(device)), data, strict=True)

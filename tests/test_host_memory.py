@@ -25,10 +25,10 @@ from helpers import (
     requires_cpu,
     run_bounded,
     run_processes,
+    single_device_sharding,
     subprocess_env,
     unique_data,
 )
-from jax.sharding import SingleDeviceSharding
 
 import frozenconst
 
@@ -66,7 +66,7 @@ def test_a_bad_host_memory_is_refused_by_name(bad, error, match):
     with pytest.raises(error, match=match) as info:
         FrozenConst(np.ones(3), host_memory=bad)
     assert isinstance(info.value, (TypeError, ValueError)) and "host_memory" in str(info.value)
-    sharding = SingleDeviceSharding(jax.devices()[0])
+    sharding = single_device_sharding(jax.devices()[0])
     with pytest.raises(error, match=match):
         FrozenConst.from_callback((3,), sharding, lambda index: np.ones(3)[index], host_memory=bad)
 
@@ -275,7 +275,7 @@ def test_pinned_memory_map_is_honoured(tmp_path):
 @needs_pinned
 def test_from_callback_assembled_whole_is_pinned_where_asked():
     data = unique_data((8, 4))
-    sharding = SingleDeviceSharding(jax.devices()[0])
+    sharding = single_device_sharding(jax.devices()[0])
     x = FrozenConst.from_callback((8, 4), sharding, lambda index: data[index], host_memory="pinned")
     np.testing.assert_array_equal(np.asarray(x.on(sharding)), data, strict=True)
     assert x.host_memory == "pinned" and len(_page_locked_copies(data)) == 1

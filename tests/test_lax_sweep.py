@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import raw_numpy_lowers
+from helpers import raw_numpy_lowers, single_device_sharding
 from jax import lax
 
 import frozenconst
@@ -127,7 +127,7 @@ def _add_pairs(a: Any, b: Any) -> Any:
 
 
 def _one_device() -> Any:
-    return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return single_device_sharding(jax.devices()[0])
 
 
 # Example calls, by function name; each lambda on one line where it fits, since a refusal

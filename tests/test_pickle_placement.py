@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import subprocess_env
-from jax.sharding import NamedSharding, SingleDeviceSharding
+from helpers import single_device_sharding, subprocess_env
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 # The payload's form is read off `__reduce__`, whose rebuilder is the package's; a placement
@@ -43,7 +43,7 @@ def test_sharding_target_is_a_deprecated_alias_of_declared_sharding():
         with pytest.warns(FrozenConstWarning, match=r"sharding_target.*deprecated.*x\.declared_sharding"):
             old = x.sharding_target
         assert old is x.declared_sharding
-    assert x.declared_sharding == SingleDeviceSharding(device)
+    assert x.declared_sharding == single_device_sharding(device)
 
 
 def test_single_device_placement_survives_a_round_trip():
@@ -53,9 +53,9 @@ def test_single_device_placement_survives_a_round_trip():
     payload = pickle.dumps(x)
     assert b"jaxlib" not in payload and b"ArrayImpl" not in payload
     y = _loads_without_warnings(payload)
-    assert y.declared_sharding == x.declared_sharding == SingleDeviceSharding(device)
+    assert y.declared_sharding == x.declared_sharding == single_device_sharding(device)
     arr = jnp.asarray(y)
-    assert arr.committed and arr.sharding == SingleDeviceSharding(device)
+    assert arr.committed and arr.sharding == single_device_sharding(device)
     np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
     assert not np.asarray(y).flags.writeable
 
@@ -114,7 +114,7 @@ _SCRIPT = textwrap.dedent(
     import jax
     jax.config.update("jax_num_cpu_devices", 4)
     import numpy as np, jax.numpy as jnp
-    from jax.sharding import NamedSharding, SingleDeviceSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding, PartitionSpec as P
     from frozenconst import FrozenConst
 
     warnings.simplefilter("error")
@@ -124,7 +124,8 @@ _SCRIPT = textwrap.dedent(
     data = np.arange(64.0, dtype=np.float32).reshape(8, 8)
     mesh = jax.make_mesh((2, 2), ("a", "b"))
     named = NamedSharding(mesh, P("a", "b"))
-    single = SingleDeviceSharding(jax.devices()[3])
+    make = getattr(jax.sharding, "make_single_device_sharding", None)  # jax >= 0.12.1
+    single = (make or jax.sharding.SingleDeviceSharding)(jax.devices()[3])
 
     def check(constants):
         x, y = constants

@@ -11,7 +11,6 @@ from typing import Any, assert_type
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import SingleDeviceSharding
 from jax.typing import ArrayLike
 
 import frozenconst
@@ -83,7 +82,7 @@ def inspect_table(table: FrozenConst) -> None:
     assert_type(table.dtype, np.dtype[Any])
     placed = table.on(jax.devices()[0])
     assert_type(placed, jax.Array)
-    assert_type(table.on(SingleDeviceSharding(jax.devices()[0])), jax.Array)
+    assert_type(table.on(jax.device_put(0.0).sharding), jax.Array)
     assert_type(table.placements, tuple[Placement, ...])
     assert_type(table.ndim, int)
     assert_type(table.nbytes, int)
