@@ -80,7 +80,11 @@ def test_a_jitted_call_donating_a_state_donates_all_but_the_constant(jit):
     # The constant's one buffer, never deleted, never transferred again: observed through JAX.
     assert not buffer.is_deleted() and jnp.asarray(x).unsafe_buffer_pointer() == pointer
     assert x.stats().transfers == 1 and live_copies(data) == 1
-    np.testing.assert_allclose(float(out["w"]), 0.5 + np.sum(on_device(data)), rtol=1e-4)
+    # A sum of random signs may nearly cancel: its rounding is bounded by the sum of magnitudes.
+    magnitude = float(np.sum(np.abs(on_device(data))))
+    np.testing.assert_allclose(
+        float(out["w"]), 0.5 + np.sum(on_device(data)), rtol=0, atol=1e-6 * magnitude
+    )
 
 
 @pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
