@@ -34,9 +34,10 @@ PLUGINS := _frozenconst_pytestplugin.py _frozenconst_hypothesis.py
 PIP_FLAGS := --quiet --disable-pip-version-check
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 TEST_JOBS ?= 2
-# JAX reads its constant pipeline from this variable at import: unset is the
-# default pipeline, 1 the simplified one.
-DEFAULT_PIPELINE := env -u JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS
+# JAX reads its constant pipeline from this variable at import: 0 is the default
+# pipeline, 1 the simplified one. Both set, never left unset: jax 0.12.1 made the
+# simplified pipeline its default (unset means the default pipeline up to 0.12.0).
+DEFAULT_PIPELINE := env JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=0
 SIMPLIFIED_PIPELINE := env JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1
 # Tests marked pipeline_independent (static checks, subprocesses that choose the
 # pipeline themselves) give the same result under both: run in each
@@ -157,7 +158,7 @@ doctest-floor-simplified: doctest-wheel $(VENVFLOOR)/.installed
 	$(call DOCTEST_RUN,$(VENVFLOOR),$(SIMPLIFIED_PIPELINE))
 
 # Each environment runs the suite twice: with JAX's default constant pipeline
-# (variable unset) and with the simplified one, each pass a target of its own
+# (variable 0) and with the simplified one, each pass a target of its own
 # so that `make -j` runs them side by side.
 pytest-311: pytest-311-default pytest-311-simplified
 pytest-311-default: $(VENV311)/.installed

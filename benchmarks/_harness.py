@@ -100,6 +100,12 @@ def environment() -> dict[str, str]:
     }
 
 
+# JAX's two constant pipelines, by the value of `JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS` each runs
+# under. Both named, never left unset: jax 0.12.1 made the simplified one its default, so an unset
+# variable means the default pipeline up to jax 0.12.0 and the simplified one from 0.12.1.
+PIPELINES: dict[str, str] = {"default": "0", "simplified": "1"}
+
+
 def pipeline_env(flag: str | None, env: dict[str, str] | None = None) -> dict[str, str]:
     """`env` (default: this process's) with JAX's constant pipeline flag set to `flag`, or unset."""
     out = dict(os.environ if env is None else env)

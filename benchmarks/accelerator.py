@@ -50,7 +50,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import seed, seed_real
-from ._harness import DOCS, copy_at, pipeline_env, run_worker
+from ._harness import DOCS, PIPELINES, copy_at, pipeline_env, run_worker
 from ._harness import environment as _stamp
 
 MIB = 1 << 20
@@ -471,7 +471,7 @@ def _run_part(part: str, *args: Any, timeout: float = 900) -> tuple[Any, dict[st
         "benchmarks.accelerator",
         [json.dumps({"part": part, "args": args})],
         f"accelerator part {part}",
-        env=pipeline_env(None),  # the default pipeline
+        env=pipeline_env(PIPELINES["default"]),
         cwd=ROOT,
         timeout=timeout,
     )

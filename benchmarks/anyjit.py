@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ._harness import _block, pipeline_env, results_folder, run_worker
+from ._harness import PIPELINES, _block, pipeline_env, results_folder, run_worker
 
 VARIANTS = {
     "jax.jit, FrozenConsts closed over": "plain jax.jit closing over the FrozenConsts",
@@ -262,7 +262,7 @@ def run(quick: bool, device: bool = False) -> tuple[list[dict[str, Any]], dict[s
     rounds, compiles = (7, 3) if quick else (7, 1) if device else (21, 7)
     rows: list[dict[str, Any]] = []
     tables: dict[str, Any] = {}
-    for pipeline, flag in (("default", None), ("simplified", "1")):
+    for pipeline, flag in PIPELINES.items():
         spec = json.dumps({"ks": ks, "rounds": rounds, "compiles": compiles})
         measured = run_worker(
             "benchmarks.anyjit", [spec], f"benchmark worker ({pipeline})", pipeline_env(flag)

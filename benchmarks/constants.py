@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ._harness import _block, pipeline_env, results_folder, run_worker
+from ._harness import PIPELINES, _block, pipeline_env, results_folder, run_worker
 
 VARIANTS = {
     "jax.jit, closure": "jax.jit, the constants closed over (jax.Arrays)",
@@ -219,7 +219,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
     # embeds 1 GiB in the program under the default pipeline.
     jobs = [(k, "16 B") for k in ks] + [(k, "1 MiB") for k in ks if k <= 100]
     rows = []
-    for pipeline, flag in (("default", None), ("simplified", "1")):
+    for pipeline, flag in PIPELINES.items():
         spec = json.dumps({"jobs": jobs, "rounds": 7 if quick else 15})
         env = pipeline_env(flag)
         measured = run_worker(

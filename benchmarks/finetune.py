@@ -51,7 +51,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ._harness import pipeline_env, run_worker
+from ._harness import PIPELINES, pipeline_env, run_worker
 from .training import _interleaved
 
 # (row, example module, build's arguments for both runs, build's arguments for the frozen run only)
@@ -307,7 +307,7 @@ def main(quick: bool, docs: pathlib.Path) -> None:
     from ._harness import environment
 
     results = {}
-    for pipeline, flag in (("default", None), ("simplified", "1")):
+    for pipeline, flag in PIPELINES.items():
         runs = [
             run_worker(
                 "benchmarks.finetune",

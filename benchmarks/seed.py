@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._harness import copy_at, environment, pipeline_env, run_worker
+from ._harness import PIPELINES, copy_at, environment, pipeline_env, run_worker
 
 VARIANTS = {
     "numpy-closure": "raw NumPy array, closed over, jax.jit",
@@ -33,7 +33,6 @@ VARIANTS = {
     "frozenconst-closure": "FrozenConst, closed over, jax.jit",
     "frozenconst.jit": "FrozenConst, closed over, frozenconst.jit",
 }
-PIPELINES = {"default": None, "simplified": "1"}
 
 
 def buffers_holding(data: Any) -> tuple[int, int, int]:

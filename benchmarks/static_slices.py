@@ -38,11 +38,10 @@ import pathlib
 import sys
 from typing import Any
 
-from ._harness import DOCS, environment, pipeline_env, run_worker
+from ._harness import DOCS, PIPELINES, environment, pipeline_env, run_worker
 
 N_VOCAB, N_CTX, WIDTH, HEADS, LAYERS, AUDIO_CTX = 51865, 448, 384, 6, 4, 1500
 TOKENS = 7  # query and key length: a prompt of 7 tokens, decoded without a cache
-PIPELINES = {"default": None, "simplified": "1"}
 VARIANTS = {
     "numpy": "NumPy mask (the original), `jax.jit`",
     "jax.Array": "`jax.Array` mask, `jax.jit`",

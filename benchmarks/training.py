@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from ._harness import pipeline_env, run_worker
+from ._harness import PIPELINES, pipeline_env, run_worker
 
 CHOICES = {
     "one leaf, no aux (frozenconst)": "leaf",
@@ -469,7 +469,7 @@ def main(quick: bool, docs: pathlib.Path) -> None:
     from ._harness import environment
 
     results = {}
-    for pipeline, flag in (("default", None), ("simplified", "1")):
+    for pipeline, flag in PIPELINES.items():
         results[pipeline] = run_worker(
             "benchmarks.training",
             ["--quick"] if quick else [],

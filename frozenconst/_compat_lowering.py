@@ -62,19 +62,27 @@ def lowered_program(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return program if hasattr(program, "eqns") or hasattr(program, "jaxpr") else None
 
 
-# Which of a program's constants the lowering copies into it. A constant of the closed
-# program (`consts`, the default pipeline's form of a closed-over array, at any level of
-# nesting) always. A `Literal` array (the simplified pipeline's form) only where nothing is
-# hoisted as an executable argument: the keyword `num_const_args` (jax >= 0.7) counts the
-# hoisted ones, 0 when exporting (`jax.export` serializes a program that carries its
-# constants) or when the program has none; JAX embeds literals of at most
-# `jax_embedded_constants_max_bytes` (32) too, far below any size frozenconst warns of
-# (jax 0.9.2, 0.10.2 and 0.12.0.1: `core.jaxpr_const_args`, `mlir.lower_jaxpr_to_module`;
-# measured by the HLO's size there). jax 0.6.2 has no such keyword and no literal arrays.
-def lowering_embeds_literals(kwargs: dict[str, Any]) -> bool:
-    """Whether the lowering called with `kwargs` copies a program's literal arrays into it."""
+# Which of a program's constants JAX passes to the executable as arguments rather than copying
+# them into it: none where the lowering hoists nothing (the keyword `num_const_args`, jax >= 0.7,
+# counts the hoisted ones: 0 under the default pipeline, when exporting, `jax.export` serializing a
+# program that carries its constants, or when the program has none); else those that private
+# `jax._src.core.jaxpr_const_args(jaxpr)` lists, which `mlir.lower_jaxpr_to_fun` hoists: the
+# simplified pipeline's literal arrays on jax 0.9 to 0.12.0, and from 0.12.1 (where a closed-over
+# array stays a constant of the program under either pipeline) the constants above
+# `jax_embedded_constants_max_bytes`, 1 KiB there. Fallback where the function is missing: none
+# hoisted, so what is said of a program errs towards "embedded".
+def hoisted_by_jax(program: Any, kwargs: dict[str, Any]) -> frozenset[int]:
+    """The ids of `program`'s constants that the lowering called with `kwargs` passes as arguments."""
     hoisted: int = kwargs.get("num_const_args", 0)
-    return hoisted == 0
+    if not hoisted:
+        return frozenset()
+    try:
+        from jax._src import core as _core
+
+        listed = _core.jaxpr_const_args(closed_parts(program)[0])
+    except Exception:  # pragma: no cover - a future JAX layout: every constant counted embedded
+        return frozenset()
+    return frozenset(id(value) for value, _ in listed)
 
 
 # --- keeping constants out of programs at lowering (`_hoist`, `_install`) ---

@@ -44,7 +44,7 @@ class _Guard:
         # The bound method, kept: `unobserve` finds an observer by identity.
         self.observer: Observer = self.observe
 
-    def observe(self, program: Any, embeds_literals: bool) -> None:
+    def observe(self, program: Any, kwargs: dict[str, Any]) -> None:
         """Record what `program`, a program JAX lowers while this guard is open, captures:
         the guard's observer in `_install`'s registry."""
         try:

@@ -44,6 +44,7 @@ from ._compat_lowering import (
     closed_parts,
     device_mismatch,
     donated_arguments,
+    hoisted_by_jax,
     hoisted_values,
     is_program,
     jax_embed_max_bytes,
@@ -664,11 +665,14 @@ _FIXES = {
 }
 
 
-def observe_unhoisted(program: Any, embeds_literals: bool) -> None:
-    """Where this JAX offers no hoisting (`HOISTING` is None): warn of each large FrozenConst embedded."""
+def observe_unhoisted(program: Any, kwargs: dict[str, Any]) -> None:
+    """Where this JAX offers no hoisting (`HOISTING` is None): warn of each large FrozenConst a
+    program lowered with `kwargs` embeds (any JAX does not pass as an argument itself)."""
     if none_known() or program is None:
         return
-    _warn(list(_owned(program, literals=embeds_literals).values()), "unsupported", jax.__version__)
+    hoisted = hoisted_by_jax(program, kwargs)
+    uses = [u for key, u in _owned(program, literals=True).items() if key not in hoisted]
+    _warn(uses, "unsupported", jax.__version__)
 
 
 def _warn(uses: list[_Use], why: str, reason: str = "") -> None:

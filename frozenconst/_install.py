@@ -43,9 +43,9 @@ from ._flax import register_if_imported as register_flax_if_imported
 from ._frozen import FrozenConst
 from ._hypothesis_hook import register_if_imported as register_strategy_if_imported
 
-# An observer: `(program, embeds_literals)`, the closed program JAX lowers and whether its
-# literal arrays are copied into it (`_compat_lowering.lowering_embeds_literals`).
-Observer = Callable[[Any, bool], None]
+# An observer: `(program, kwargs)`, the closed program JAX lowers and the lowering's keyword
+# arguments (which say what JAX hoists: `_compat_lowering.hoisted_by_jax`).
+Observer = Callable[[Any, dict[str, Any]], None]
 
 
 class _Installed:
@@ -140,9 +140,8 @@ def _observing(original: Callable[..., Any]) -> Callable[..., Any]:
         observers = _installed.observers
         if observers:
             program = _compat_lowering.lowered_program(args, kwargs)
-            embeds_literals = _compat_lowering.lowering_embeds_literals(kwargs)
             for observer in observers:
-                observer(program, embeds_literals)
+                observer(program, kwargs)
         return original(*args, **kwargs)
 
     return lower

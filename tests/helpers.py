@@ -174,6 +174,10 @@ enable_x64 = jax.enable_x64 if hasattr(jax, "enable_x64") else jax.experimental.
 # The constant pipeline this process runs, as JAX read it at import (from
 # `JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS`): JAX's own answer, not the variable's spelling.
 SIMPLIFIED = bool(getattr(jax.config, "jax_use_simplified_jaxpr_constants", False))
+# The most bytes of a closed-over array the simplified pipeline embeds rather than passes
+# (`jax_embedded_constants_max_bytes`: 32 on jax 0.10 to 0.12.0, 1024 from 0.12.1; -1 where
+# JAX has no such limit, jax 0.8 and 0.9, which pass every non-scalar).
+JAX_EMBED_MAX_BYTES: int = getattr(jax.config, "jax_embedded_constants_max_bytes", -1)
 
 
 @functools.cache

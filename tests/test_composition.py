@@ -31,9 +31,7 @@ def test_the_composition_cases_on_two_devices(pipeline):
         pytest.skip(f"jax {jax.__version__} has one constant pipeline")
     env = subprocess_env("cpu")  # two CPU devices
     env["FROZENCONST_CPU_DEVICES"] = "2"
-    env.pop("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS", None)
-    if pipeline == "simplified":
-        env["JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"] = "1"
+    env["JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"] = "1" if pipeline == "simplified" else "0"
     code, out = run_bounded(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "composition_cases.py")],
         env=env,

@@ -587,10 +587,7 @@ print("LOADED", len(loaded.constants))
 @pytest.mark.parametrize("pipeline", ["default", "simplified"])
 def test_a_round_trip_in_fresh_processes_is_bitwise_jax_exports_own(tmp_path, pipeline):
     env = dict(subprocess_env())
-    if pipeline == "simplified":
-        env["JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"] = "1"
-    else:
-        env.pop("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS", None)
+    env["JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"] = "1" if pipeline == "simplified" else "0"
     code, out = run_bounded([sys.executable, "-c", textwrap.dedent(_EXPORTER), str(tmp_path)], env=env)
     assert code == 0, out[-4000:]
     ours, theirs, table = (int(v) for v in out.split("SIZES")[1].split()[:3])

@@ -48,9 +48,9 @@ def test_metadata_matches_the_project():
     assert meta["Name"] == "frozenconst"
     assert meta["License-Expression"] == "Apache-2.0" or meta["License"] == "Apache-2.0"
     requires = importlib.metadata.requires("frozenconst") or []
-    # Specifiers as the metadata writes them (`jax<0.12.1,>=0.8.1`: sorted), each declared bound there.
+    # The floor only: every later JAX is tested (docs/jax.md, "JAX versions").
     jax = [r for r in requires if r.startswith(("jax>", "jax<", "jax ")) and "extra ==" not in r]
-    assert len(jax) == 1 and ">=0.8.1" in jax[0] and "<0.12.1" in jax[0], requires
+    assert jax == ["jax>=0.8.1"], requires
     assert any(r.startswith("numpy>=") for r in requires), requires
 
 

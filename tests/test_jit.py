@@ -202,12 +202,12 @@ def test_one_device_copy_shared_by_every_function():
 
 def test_one_trace_makes_the_program_with_every_constant_a_parameter():
     traces = []
-    c = FrozenConst(unique_data((8, 8)))
+    c = FrozenConst(unique_data((40, 8)))  # above JAX's own threshold too (1 KiB from jax 0.12.1)
 
     @frozenconst.jit(embed_max_bytes=0)
     def f(w):
         traces.append(1)
-        return GLOBAL_TABLE[:8, :8] @ (c @ w)
+        return GLOBAL_TABLE[:8, :40] @ (c @ w)
 
     f(jnp.ones(8))
     assert len(traces) == 1

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import (
+    JAX_EMBED_MAX_BYTES,
     SIMPLIFIED,
     assert_float32_close,
     live_copies,
@@ -107,15 +108,15 @@ def test_each_call_is_fed_only_the_constants_its_executable_takes(wrap):
 
 
 def test_static_arguments_by_name_and_by_position_share_their_constants():
-    c = FrozenConst(unique_data((8, 8)))
-    d = FrozenConst(unique_data((8, 8)))
+    c = FrozenConst(unique_data((40, 8)))
+    d = FrozenConst(unique_data((40, 8)))
     f = frozenconst.jit(lambda w, table: table.c @ w, static_argnames="table", embed_max_bytes=0)
     w = jnp.ones(8)
     hc, hd = Holder(c), Holder(d)
     for h in (hc, hd):
         assert_float32_close(f(w, table=h), on_device(h.c) @ np.ones(8), np.abs(np.asarray(h.c)).sum(1))
         assert_float32_close(f(w, h), on_device(h.c) @ np.ones(8), np.abs(np.asarray(h.c)).sum(1))
-        hoisted = not SIMPLIFIED or c.nbytes > 32  # JAX's own threshold under the simplified pipeline
+        hoisted = not SIMPLIFIED or c.nbytes > JAX_EMBED_MAX_BYTES  # JAX's own, simplified
         assert program_parameters(f.lower(w, h)) == 1 + hoisted
         assert program_parameters(f.lower(w, table=h)) == 1 + hoisted
 
@@ -262,7 +263,7 @@ def test_a_constant_made_inside_the_jitted_function_is_a_parameter(make):
 
 
 def test_a_nested_use_costs_no_trace_more_than_jax_jit():
-    c = FrozenConst(unique_data((8, 8)) / 8)
+    c = FrozenConst(unique_data((24, 24)) / 24)  # 2.25 KiB: above JAX's own threshold too
     traces = []
 
     def f(w):
@@ -271,14 +272,14 @@ def test_a_nested_use_costs_no_trace_more_than_jax_jit():
 
     jitted = frozenconst.jit(f, embed_max_bytes=0)
     for n in (1, 2):
-        w = jnp.ones((8, n))
+        w = jnp.ones((24, n))
         a = np.asarray(c)
-        expected = on_device(a) @ (on_device(a) @ np.ones((8, n)))
-        assert_float32_close(jitted(w), expected, np.abs(a) @ (np.abs(a) @ np.ones((8, n))))
-    assert traces == [(8, 1), (8, 2)]  # one trace per program, as jax.jit
+        expected = on_device(a) @ (on_device(a) @ np.ones((24, n)))
+        assert_float32_close(jitted(w), expected, np.abs(a) @ (np.abs(a) @ np.ones((24, n))))
+    assert traces == [(24, 1), (24, 2)]  # one trace per program, as jax.jit
     # No constant data in the program: the size of the one taking `c` as an argument.
     as_argument = jax.jit(lambda c, w: jax.lax.scan(lambda carry, _: (c @ carry, None), w, None, length=2)[0])
-    w = jnp.ones((8, 3))
+    w = jnp.ones((24, 3))
     assert len(jitted.lower(w).as_text()) <= 1.1 * len(as_argument.lower(jnp.asarray(c), w).as_text())
 
 

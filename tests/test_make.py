@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-DEFAULT = "env -u JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"
+DEFAULT = "env JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=0"
 SIMPLIFIED = "env JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1"
 ONCE = '-m "not pipeline_independent"'
 QUICK_CODEGEN = 'XLA_FLAGS="--xla_backend_optimization_level=0 ${XLA_FLAGS:-}"'
