@@ -29,7 +29,7 @@ from ._frames import library_of
 # below; docs/jax.md lists it.
 BYPASS_JAX_NUMPY: dict[str, tuple[str, ...]] = {
     "jax.nn.sigmoid": ("0.8.1", "0.9.2"),
-    "jax.scipy.linalg.block_diag": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.scipy.linalg.block_diag": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
     "jax.scipy.linalg.hessenberg": ("0.8.1", "0.9.2"),
     "jax.scipy.linalg.schur": ("0.8.1", "0.9.2"),
     "jax.scipy.stats.norm.isf": ("0.8.1", "0.9.2"),
@@ -45,10 +45,10 @@ JAX_LAX_REFUSES: tuple[str, ...] = ("0.8.1", "0.9.2")
 # FrozenConst `b` (its result's structure differs), `Rotation(q)` keeps it as
 # given. The same fix.
 TAKE_PYTREES: dict[str, tuple[str, ...]] = {
-    "jax.scipy.sparse.linalg.bicgstab": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.scipy.sparse.linalg.cg": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.scipy.sparse.linalg.gmres": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.scipy.spatial.transform.Rotation": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.scipy.sparse.linalg.bicgstab": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.scipy.sparse.linalg.cg": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.scipy.sparse.linalg.gmres": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.scipy.spatial.transform.Rotation": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
 }
 
 # Parameters of public `jax.numpy` functions that refuse a FrozenConst where they
@@ -58,17 +58,17 @@ TAKE_PYTREES: dict[str, tuple[str, ...]] = {
 # on each version below; docs/jax.md lists it, with each one's reason. The fix is
 # the same: `jnp.asarray(x)` in that argument.
 JAX_NUMPY_REFUSALS: dict[str, tuple[str, ...]] = {
-    "jax.numpy.array_split(indices_or_sections)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.dsplit(indices_or_sections)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.hsplit(indices_or_sections)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.split(indices_or_sections)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.vsplit(indices_or_sections)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.union1d(fill_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.unique(fill_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.unique_all(fill_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.unique_counts(fill_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.unique_inverse(fill_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.numpy.unique_values(fill_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.numpy.array_split(indices_or_sections)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.numpy.dsplit(indices_or_sections)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.numpy.hsplit(indices_or_sections)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.numpy.split(indices_or_sections)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.numpy.vsplit(indices_or_sections)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.numpy.union1d(fill_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.numpy.unique(fill_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.numpy.unique_all(fill_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.numpy.unique_counts(fill_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.numpy.unique_inverse(fill_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.numpy.unique_values(fill_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
 }
 
 # Parameters of public `jax.lax` functions where a FrozenConst does not give what its
@@ -81,48 +81,48 @@ JAX_LAX_REFUSALS: dict[str, tuple[str, ...]] = {
     # They take a pytree and give one of the same structure back: a FrozenConst (a node
     # with one leaf) comes back as a FrozenConst around the result, a derived copy that
     # a FrozenConstWarning names, where its cached buffer comes back as a jax.Array.
-    "jax.lax.all_gather(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.lax.all_gather(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
     "jax.lax.all_gather_invariant(x)": ("0.8.1",),
-    "jax.lax.all_to_all(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.associative_scan(elems)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.optimization_barrier(operand)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.pmax(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.pmean(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.pmin(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.ppermute(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.lax.all_to_all(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.associative_scan(elems)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.optimization_barrier(operand)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.pmax(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.pmean(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.pmin(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.ppermute(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
     "jax.lax.preduced(x)": ("0.8.1",),
-    "jax.lax.pshuffle(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.psum(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.psum_scatter(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.pswapaxes(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.lax.pshuffle(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.psum(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.psum_scatter(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.pswapaxes(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
     "jax.lax.pvary(x)": ("0.8.1",),
-    "jax.lax.stop_gradient(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.with_sharding_constraint(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.lax.stop_gradient(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.with_sharding_constraint(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
     # They compare the structure of a pytree argument with another's (the carry a loop body
     # returns, the init values, the solution): a FrozenConst is a node where a jax.Array
     # is a leaf, and JAX refuses the mismatch. `fori_loop(lower)`: inside frozenconst.jit
     # and filter_jit, where the bound is not concrete, JAX carries it through a while loop.
-    "jax.lax.custom_linear_solve(b)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.custom_root(initial_guess)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.fori_loop(init_val)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.fori_loop(lower)": ("0.10.2", "0.12.0.1"),
-    "jax.lax.reduce(init_values)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.reduce(operands)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.reduce_window(init_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.reduce_window(operand)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.scan(init)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.while_loop(init_val)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
+    "jax.lax.custom_linear_solve(b)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.custom_root(initial_guess)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.fori_loop(init_val)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.fori_loop(lower)": ("0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.reduce(init_values)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.reduce(operands)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.reduce_window(init_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.reduce_window(operand)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.scan(init)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.while_loop(init_val)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
     # They convert the argument with `jax.lax.asarray`, which takes only jax.Arrays, NumPy
     # arrays and Python scalars ("asarray: expected ArrayLike, got FrozenConst(...)").
-    "jax.lax.conv_general_dilated_local(lhs)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.conv_general_dilated_patches(lhs)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.split(operand)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1"),
-    "jax.lax.stack(operands)": ("0.10.2", "0.12.0.1"),
-    "jax.lax.unstack(x)": ("0.10.2", "0.12.0.1"),
+    "jax.lax.conv_general_dilated_local(lhs)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.conv_general_dilated_patches(lhs)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.split(operand)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.stack(operands)": ("0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.unstack(x)": ("0.10.2", "0.12.0.1", "0.12.1"),
     # It takes a coefficient that is not a `jax.core.Tracer` for a constant and converts it
     # with NumPy: a FrozenConst passed to filter_jit (a FrozenConst around a tracer) raises
     # TracedValueError there.
-    "jax.lax.polynomial(coeffs)": ("0.12.0.1",),
+    "jax.lax.polynomial(coeffs)": ("0.12.0.1", "0.12.1"),
 }
 
 

@@ -32,6 +32,14 @@ def as_sharding(target: Any, shape: tuple[int, ...]) -> Sharding:
             f"A placement target must be a `jax.Device`, a `jax.sharding.Sharding` or a "
             f"`PartitionSpec`, but received a `{type(target).__name__}`."
         )
+    if isinstance(target, NamedSharding) and len(target.spec) > len(shape):
+        # Checked here, as JAX checks it before placing an array (NamedSharding's
+        # `check_compatible_aval`): `shard_shape` alone fails with a bare AssertionError from
+        # jax 0.12.1 (an IndexError before), which says nothing about the mismatch.
+        raise FrozenConstValueError(
+            f"The sharding {target} does not fit a constant of shape {shape}: its PartitionSpec "
+            f"names {len(target.spec)} dimensions, but the constant has {len(shape)}."
+        )
     try:
         target.shard_shape(shape)
     except (ValueError, TypeError, IndexError) as err:

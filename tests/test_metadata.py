@@ -155,7 +155,8 @@ _READ_OFF_JAX_OBJECTS = {
         __annotations__ __doc__ __fun_debug_info__ __module__ __name__ __qualname__
         _apply_primitive _fields _fun _use_cpp tree_flatten
         __fun_sourceinfo__ _pmap_tag
-        fun_name""",
+        fun_name
+        bwd_accums""",
     "modules, devices, backends, XLA clients and compiled executables": """
         GpuAllocatorConfig _KW_ONLY_TYPE __file__ __path__ _device_backend _ifrt_version
         _is_gil_enabled _raw_platform _version batch_partitionable_targets clear_metadata
@@ -167,7 +168,8 @@ _READ_OFF_JAX_OBJECTS = {
         supports_cross_host_transfers supports_executable_serialization uint1 unsafe_call
         xla_version
         Mutex RuntimeTracebackMode StringDType add_exclude_path install_failure_signal_handler
-        needs_str_ir platform replace_thread_exc_traceback shutdown""",
+        needs_str_ir platform replace_thread_exc_traceback shutdown
+        __version__ _xla_version bcomplex32 complex32 float8_e5m3fnu fma""",
     "tracers, traces, avals, dtypes, shardings, effects, indexers and PRNG key data": """
         _array_module _bool _complex _debug_info _device _float _hash _hex _index _int _iter
         _len _line_info _oct _origin_msg _pretty_print _rules _setitem at convert_from
@@ -182,7 +184,8 @@ _READ_OFF_JAX_OBJECTS = {
         out_block_specs pallas_interpret_element_aval physicalize predicate
         private_unzip_debug_locations reduce_precision tiling tobytes transforms type
         TMAReduction async_store_smem_to_tmem for_tensor_core kernel_type
-        arrive_dyn_expect_tx_supported resources""",
+        arrive_dyn_expect_tx_supported resources
+        RequestPStateOp commit_a_read_only get_ref_transforms""",
     "JAX's own test harness": """
         _default_global_config _default_thread_local_config thread_hostile thread_unsafe
         time_getter differing_executors""",

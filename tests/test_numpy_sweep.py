@@ -662,9 +662,14 @@ def sweep(names: set[str] | None = None, frozenconst_jit: Any = lambda label: Tr
 # Parameters that take no jax.Array in this JAX, so that no call gives one a FrozenConst:
 # `jnp.intersect1d`'s `fill_value` is a static argument (a jax.Array is unhashable there),
 # and JAX's CPU backend cannot convert to these dtypes at all (jax 0.10.2: "Invalid XLA
-# PrimitiveType"; 1-bit integers: a stablehlo verifier error).
+# PrimitiveType"; 1-bit integers: a stablehlo verifier error; jax 0.12.1's `bcomplex32`,
+# `complex32` and `float8_e5m3fnu`: "Invalid element type" eagerly, a stablehlo verifier
+# error or "PRIMITIVE_TYPE_INVALID" under `jax.jit`, for a jax.Array too).
 _NO_ARRAY_HERE = {
     "intersect1d": {"fill_value"},
+    "bcomplex32": {"x"},
+    "complex32": {"x"},
+    "float8_e5m3fnu": {"x"},
     "float4_e2m1fn": {"x"},
     "float6_e2m3fn": {"x"},
     "float6_e3m2fn": {"x"},
