@@ -178,6 +178,11 @@ SIMPLIFIED = bool(getattr(jax.config, "jax_use_simplified_jaxpr_constants", Fals
 # (`jax_embedded_constants_max_bytes`: 32 on jax 0.10 to 0.12.0, 1024 from 0.12.1; -1 where
 # JAX has no such limit, jax 0.8 and 0.9, which pass every non-scalar).
 JAX_EMBED_MAX_BYTES: int = getattr(jax.config, "jax_embedded_constants_max_bytes", -1)
+# Whether the simplified pipeline makes a device copy of a closed-over NumPy array per use (a
+# literal per use, each hoisted on its own: jax 0.10 to 0.12.0, the copies of jax #5308 that a
+# FrozenConst removes), not one (from jax 0.12.1 the array stays one constant of the program).
+# Read off the version: a process of either pipeline asks it of programs of the simplified one.
+SIMPLIFIED_COPIES_PER_USE = tuple(jax.__version_info__[:3]) < (0, 12, 1)
 
 
 @functools.cache
