@@ -336,12 +336,15 @@ def budget(size: dict[str, Any]) -> dict[str, Any]:
         ]
         models.append((tables, jax.jit(_model(tables))))
     h = jnp.ones((size["batch"], width), jnp.float32)
+    # A program that uses no constant, called after each model: a switch must not compile it again.
+    bystander = jax.jit(lambda x: jnp.tanh(x) * 2.0)
+    _block(bystander(h))
     rows = []
     frozenconst.set_device_budget(limit)
     baseline = _in_use(device)
     before = frozenconst.stats()
     try:
-        with _sampled(device) as samples:
+        with _sampled(device) as samples, _compiles() as compiled:
             for r in range(size["rounds"]):
                 for m, (_, model) in enumerate(models):
                     start = time.perf_counter()
@@ -349,6 +352,7 @@ def budget(size: dict[str, Any]) -> dict[str, Any]:
                     took = time.perf_counter() - start
                     held = sum(frozenconst.stats().device_bytes.values())
                     rows.append({"round": r, "model": m, "call_s": took, "constants_bytes": held})
+                    _block(bystander(h))
         after = frozenconst.stats()
     finally:
         frozenconst.set_device_budget(None)
@@ -374,11 +378,34 @@ def budget(size: dict[str, Any]) -> dict[str, Any]:
         "transfers": after.transfers - before.transfers,
         "call_s_median": statistics.median(r["call_s"] for r in rows if r["round"] > 0),
         "call_s_no_budget": no_budget_s,
+        # Compiles JAX reported while the rounds ran, per program name (`jax.monitoring`).
+        "compiles": dict(compiled),
     }
+    out["switch_ratio"] = out["call_s_median"] / no_budget_s if no_budget_s else None
     for tables, _ in models:
         for t in tables:
             t.evict()
     return out
+
+
+@contextmanager
+def _compiles() -> Iterator[dict[str, int]]:
+    """Within: the compiles JAX reports (its backend-compile event, a persistent-cache hit
+    included), counted per program name."""
+    import jax.monitoring
+
+    counts: dict[str, int] = {}
+
+    def listen(event: str, _duration: float, **kwargs: Any) -> None:
+        if event.endswith("backend_compile_duration"):
+            name = str(kwargs.get("fun_name", "?"))
+            counts[name] = counts.get(name, 0) + 1
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield counts
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
 
 
 def _model(tables: list[Any]) -> Callable[[Any], Any]:
@@ -521,7 +548,10 @@ def markdown(results: dict[str, Any], command: str) -> str:
             f"{_gib(b['bytes_in_use_above_baseline_max'])}",
             f"- evictions {b['evictions']}, re-transfers {b['retransfers']}, transfers {b['transfers']}",
             f"- a call after the first round (re-transfers and a compile): {b['call_s_median']:.3f} s; "
-            f"with no budget (all fit): {b['call_s_no_budget']:.4f} s",
+            f"with no budget (all fit): {b['call_s_no_budget']:.4f} s"
+            + (f" ({b['switch_ratio']:.0f}x)" if b.get("switch_ratio") else ""),
+            "- compiles while the rounds ran: "
+            + (", ".join(f"`{k}` {v}" for k, v in sorted(b.get("compiles", {}).items())) or "none"),
             "",
         ]
     for name, error in results.get("errors", {}).items():

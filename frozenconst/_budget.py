@@ -144,8 +144,9 @@ def _evict(keep: Store | None, over: dict[Device, int]) -> set[Device]:
         del found  # the last strong references: from now on only what holds them elsewhere
         # Programs holding them let go (JAX compiles them again at their next call). A buffer still
         # held elsewhere is cached again below, the same buffer: nothing else need let go of it.
+        refs = [ref for _, ref, _ in dropped]
         for hook in STATE.dropped:
-            hook(store, False)
+            hook(store, False, refs)
         gone: dict[tuple[Any, int], tuple[Any, int]] = {}
         kept: set[tuple[Any, int]] = set()
         for made, ref, shards in dropped:

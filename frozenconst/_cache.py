@@ -243,11 +243,12 @@ class _State:
         # Every live store, for `frozenconst.stats()`, the audit's kind lookup and finding a
         # constant's twin (`live_twin`).
         self.live = LiveStores()
-        # Told of a store whose device buffer was evicted or lost, after the fact, and whether
+        # Told of a store whose device buffer was evicted or lost, after the fact, whether
         # anything besides the store still holds the old buffer (a trace JAX cached, a
-        # program): whatever holds it lets go of it (`_hoist.dropped`, appended by
+        # program), and weak references to the evicted buffers (None: lost): whatever holds
+        # them lets go of them (`_hoist.dropped`, appended by
         # `_install.install`, the seam through which the jit side plugs into the core).
-        self.dropped: list[Callable[[Store, bool], None]] = []
+        self.dropped: list[Callable[[Store, bool, list[weakref.ref[jax.Array]] | None], None]] = []
         # Told, as a store dies, of the device buffers it held and the module that made it: a
         # buffer something else still holds (a trace JAX keeps of a function that made the
         # constant, `frozenconst.intern(table)` inside a jitted function) is still known to the
@@ -750,7 +751,7 @@ class Store:
         (`STATE.dropped`), and embed the constant from now on (`volatile`), out of a donation's reach."""
         self.volatile = True
         for hook in STATE.dropped:
-            hook(self, False)
+            hook(self, False, None)
         made = f" (made in `{self.origin}`)" if self.origin else ""
         warnings.warn(
             f"The device buffer of FrozenConst {self.dtype}{list(self.shape)}{made} was deleted (donated "
@@ -830,7 +831,7 @@ class Store:
         # lowers with that buffer), a compiled program, a caller's `jnp.asarray(x)`.
         held = any(ref() is not None for ref in left)
         for hook in STATE.dropped:
-            hook(self, held)
+            hook(self, held, left)
 
     def _let_go(self, dropped: list[jax.Array]) -> list[weakref.ref[jax.Array]]:
         """Weak references to `dropped`, each dropped from `OWNERS` (under the lock)."""

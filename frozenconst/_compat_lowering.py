@@ -220,6 +220,93 @@ _REPLICATED = _spec()
 clear_caches: Callable[[], None] = jax.clear_caches  # untyped in JAX's stubs
 
 
+# --- letting go of the programs of one jitted function (`_hoist.dropped`) ---
+# Reason: a program that takes a constant's buffer as a parameter holds it (the executable's
+# `const_args` on the C++ fast path, the buffer in its cached trace), so an evicted buffer stays
+# on the device until they go. `jax.clear_caches()` drops them and every other program too, each
+# compiled again at its next call. JAX drops one jitted function's programs with its public
+# `jitted.clear_cache()`, but frozenconst meets a program at its lowering, not the `jax.jit`
+# object, so it reads the function from the frame that lowers it: the `cache_miss` closure
+# `pjit._cpp_pjit(fun, jit_info)` makes (free variables `fun`, `jit_info`: the first call), or
+# `pjit.jit_trace(jit_func, ...)` (`.trace()`, `.lower()`). `_cpp_pjit(fun, jit_info)` made again
+# shares the C++ executable cache of every `jax.jit(fun)` with those options (jaxlib's
+# `PjitFunctionCache::Lookup` keys it by the function and the options), so its `_clear_cache()`
+# drops their executables. Their traces are in weakref_lru_caches keyed by `fun`
+# (`pe.trace_to_jaxpr`, `pjit._infer_params_cached`): `evict_weakref(fun)` drops that function's
+# alone (jax >= 0.9); the programs keyed by a trace (`_pjit_lower`, `_cached_lowering_to_hlo`)
+# go with it. jax 0.8.1's caches have no `evict_weakref`: there `clear_cache()`, JAX's own, which
+# also forgets every function's traces (`_infer_params_cached.cache_clear()`), not their
+# executables. Checked on jax 0.8.1, 0.9.2, 0.10.2 and 0.12.0.1.
+# Fallback: where a name is missing, `jit_entry` finds nothing, and `_hoist.dropped` clears every
+# cache (`clear_caches`), as it does wherever a dropped buffer is still held after the release.
+class _JitNames:
+    """JAX's jit functions read at lowering and at a release, or None where one is missing."""
+
+    __slots__ = ("cpp_pjit", "miss", "trace", "traces")
+
+    def __init__(self) -> None:
+        from jax._src import pjit as _pjit
+
+        self.cpp_pjit: Callable[[Any, Any], Any] = _pjit._cpp_pjit
+        misses = [c for c in self.cpp_pjit.__code__.co_consts if getattr(c, "co_name", "") == "cache_miss"]
+        if len(misses) != 1 or not {"fun", "jit_info"} <= set(misses[0].co_freevars):
+            raise AttributeError("cache_miss")
+        self.miss: types.CodeType = misses[0]
+        self.trace: types.CodeType = _pjit.jit_trace.__code__
+        # The caches of traces keyed by the function, where each can forget one function's.
+        from jax._src.interpreters import partial_eval as _pe
+
+        found = [getattr(_pe, "trace_to_jaxpr", None), _pjit._infer_params_cached]
+        self.traces: list[Any] | None = [c for c in found if c is not None]
+        if not all(callable(getattr(c, "evict_weakref", None)) for c in self.traces):
+            self.traces = None  # jax 0.8.1: `clear_cache()` forgets every function's traces
+
+
+def _find_jit_names() -> _JitNames | None:
+    try:
+        return _JitNames()
+    except (ImportError, AttributeError):  # pragma: no cover - a future JAX layout
+        return None
+
+
+_JIT: _JitNames | None = _find_jit_names()
+
+
+def jit_entry(depth: int = 2, limit: int = 60) -> tuple[Any, Any] | None:
+    """The jitted function (`fun`, `jit_info`) whose program is being lowered (within `limit`
+    frames up), or None: another caller (`pmap`, an eager primitive of a transformed program)."""
+    names = _JIT
+    if names is None:
+        return None
+    frame: types.FrameType | None = frame_at(depth)
+    for _ in range(limit):
+        if frame is None:
+            return None
+        code = frame.f_code
+        if code is names.miss:
+            found = frame.f_locals
+            return found["fun"], found["jit_info"]
+        if code is names.trace:
+            jitted = frame.f_locals.get("jit_func")
+            fun, info = getattr(jitted, "_fun", None), getattr(jitted, "_jit_info", None)
+            return None if fun is None or info is None else (fun, info)
+        frame = frame.f_back
+    return None
+
+
+def release_jitted(fun: Any, jit_info: Any) -> None:
+    """Drop the compiled programs and the traces of `jax.jit(fun)` with `jit_info`'s options."""
+    names = _JIT
+    assert names is not None
+    jitted = names.cpp_pjit(fun, jit_info)
+    if names.traces is None:
+        jitted.clear_cache()
+        return
+    jitted._clear_cache()
+    for cache in names.traces:
+        cache.evict_weakref(fun)
+
+
 def _find_hooks() -> Hooks | None:
     try:
         hooks = Hooks()

@@ -13,10 +13,11 @@ state holding a constant keeps the constant's buffer (`_undonated`). A program w
 FrozenConst lowers exactly as JAX lowers it.
 
 A program that holds a constant's buffer must never outlive it: where the buffer is dropped
-(`x.evict()`) or lost (donated, deleted), `dropped` clears JAX's caches once, so every such
-program (and every trace JAX keeps with the buffer) is made again at its next call, with the
-constant's new buffer. A constant that dies before its trace is lowered (made inside the jitted
-function) leaves its buffers known to that lowering while anything holds them (`RELICS`).
+(`x.evict()`, a budget's eviction), `dropped` drops the programs and traces of the jitted
+functions whose programs held it, made again at their next call with the constant's new buffer;
+where that does not free the buffer, or it was lost (donated, deleted), it clears JAX's caches.
+A constant that dies before its trace is lowered (made inside the jitted function) leaves its
+buffers known to that lowering while anything holds them (`RELICS`).
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ from ._compat_lowering import (
     hoisted_values,
     is_program,
     jax_embed_max_bytes,
+    jit_entry,
     mutates,
     numpy_of,
+    release_jitted,
     rewire_hoisted,
 )
 from ._derived import COPY_REFS, Derived, buffer_owner
@@ -103,28 +106,61 @@ class _Lowering(threading.local):
 _lowering = _Lowering()
 
 
+class _Jitted:
+    """A jitted function whose programs hold a constant's buffer: weakly, with its options."""
+
+    __slots__ = ("fun", "info")
+
+    def __init__(self, fun: weakref.ref[Any], info: Any) -> None:
+        self.fun, self.info = fun, info
+
+
 class _Holders:
-    """The constants some compiled program holds as a parameter, until JAX's caches are cleared."""
+    """The constants some compiled program holds as a parameter, each with the jitted functions
+    whose programs hold it (None: a program of another caller), until those programs are dropped."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.stores: weakref.WeakSet[Store] = weakref.WeakSet()
+        self.stores: weakref.WeakKeyDictionary[Store, list[_Jitted] | None] = weakref.WeakKeyDictionary()
 
-    def add(self, owners: list[Owner]) -> None:
+    def add(self, owners: list[Owner], entry: tuple[Any, Any] | None) -> None:
+        jitted = _jitted(entry)
         with self.lock:
-            self.stores.update(o for o in owners if isinstance(o, Store))
+            for store in (o for o in owners if isinstance(o, Store)):
+                known = self.stores.get(store, [])
+                self.stores[store] = None if known is None or jitted is None else _joined(known, jitted)
 
-    def release(self, store: Store, held: bool) -> bool:
+    def release(self, store: Store, held: bool) -> tuple[bool, list[_Jitted] | None]:
         """Whether a program may hold `store`'s buffer (or a trace: `held`, something besides the
-        store still holds it); then every program is dropped."""
+        store still holds it), and the jitted functions whose programs do (None: not all known)."""
         with self.lock:
-            if store not in self.stores and not held:
-                return False
+            if store not in self.stores:
+                return held, None
+            return True, self.stores.pop(store)
+
+    def forget(self) -> None:
+        """Every program was dropped."""
+        with self.lock:
             self.stores.clear()
-            return True
 
 
 HOLDERS = _Holders()
+
+
+def _jitted(entry: tuple[Any, Any] | None) -> _Jitted | None:
+    """The jitted function `jit_entry` found, or None (none, or one that takes no weak reference)."""
+    if entry is None:
+        return None
+    try:
+        return _Jitted(weakref.ref(entry[0]), entry[1])
+    except TypeError:
+        return None
+
+
+def _joined(known: list[_Jitted], new: _Jitted) -> list[_Jitted]:
+    """`known` and `new`, each function with its options once, the dead ones left out."""
+    fun = new.fun()
+    return [j for j in known if j.fun() is not None and not (j.fun() is fun and j.info == new.info)] + [new]
 
 
 class _Relic:
@@ -215,11 +251,26 @@ def meet_losses() -> bool:
     return any([store.meet_losses() for store in list(HOLDERS.stores)])
 
 
-def dropped(store: Store, held: bool) -> None:
-    """A buffer of `store` was evicted or lost: JAX's caches are cleared where a program took it as
-    a parameter, or something else holds it (`held`: a trace the next `jax.jit` would lower with it)."""
-    if HOLDERS.release(store, held):
-        clear_caches()
+def dropped(store: Store, held: bool, left: list[weakref.ref[jax.Array]] | None) -> None:
+    """Buffers of `store` were evicted (`left`: weak references to them) or lost (None): the
+    programs that took one as a parameter are dropped, those of its jitted functions alone where
+    they are known and that frees the buffers; else JAX's caches are cleared, as they are where
+    something else holds one (`held`: a trace the next `jax.jit` would lower with it)."""
+    holds, jitted = HOLDERS.release(store, held)
+    if not holds:
+        return
+    if jitted is not None and left is not None:
+        for each in jitted:
+            fun = each.fun()
+            if fun is not None:
+                release_jitted(fun, each.info)
+            del fun
+        if not any(ref() is not None for ref in left):
+            return
+    # A program of another caller, a trace of an inner `jax.jit` the next trace reuses, or the
+    # user's own reference: only clearing every cache is sure to let go.
+    HOLDERS.forget()
+    clear_caches()
 
 
 # -- the lowering ---------------------------------------------------------------------------
@@ -354,7 +405,7 @@ def _held(
     """`closed` lowered with `keep_out` as parameters, their owners recorded as held by a program."""
     stuck: set[int] = set()
     lowered = _lowered(original, closed, keep_out, placed, args, kwargs, stuck)
-    HOLDERS.add([u.store for k, u in found.items() if id(placed.get(k, u.value)) in keep_out])
+    HOLDERS.add([u.store for k, u in found.items() if id(placed.get(k, u.value)) in keep_out], jit_entry())
     _warn_stuck(found, placed, stuck)
     return lowered
 

@@ -7,7 +7,11 @@ The budget is per device and process-wide, so each test starts from a cache that
 (`_empty_cache`) and leaves no budget behind.
 """
 
+import collections
+import contextlib
 import gc
+import logging
+import re
 import threading
 
 import jax
@@ -263,6 +267,97 @@ def test_a_loop_over_models_bigger_than_the_budget_runs_within_it(jit):
             assert sum(on_device) == 2 and live_copies(data[0]) == live_copies(data[1]) == 1
     after = frozenconst.stats()
     assert after.retransfers - before.retransfers == 2 * 3 * 2  # each model's two, every round but the first
+
+
+@contextlib.contextmanager
+def _compiles():
+    """Count, per program name, the compiles JAX logs (`jax_log_compiles`: one per compile
+    request, a persistent-cache hit included) within the block."""
+    counts = collections.Counter()
+
+    class Count(logging.Handler):
+        def emit(self, record):
+            found = re.search(r"Finished XLA compilation of (\S+)", record.getMessage())
+            if found:
+                counts[found.group(1)] += 1
+
+    logger = logging.getLogger("jax")  # JAX logs it from `dispatch`, below it
+    handler = Count(logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles(True):
+            yield counts
+    finally:
+        logger.removeHandler(handler)
+
+
+@pytest.mark.parametrize("jit", ["jax.jit", "frozenconst.jit"])
+def test_a_switch_compiles_again_only_the_model_whose_constants_were_evicted(jit):
+    wrap = jax.jit if jit == "jax.jit" else frozenconst.jit
+    models = []
+    for k in range(3):
+        data, cs = _constants(2, shape=(32, 64))
+
+        def model(v, cs=cs):
+            return jnp.tanh(v @ cs[0]) @ cs[1].T
+
+        model.__name__ = model.__qualname__ = f"model{k}"
+        models.append((data, wrap(model)))
+
+    def unrelated(v):
+        return jnp.sin(v) * 2.0
+
+    unrelated = jax.jit(unrelated)
+    v = jnp.ones((4, 32))
+    argument_form = jax.jit(lambda v, a, b: jnp.tanh(v @ a) @ b.T)
+    wants = [np.asarray(argument_form(v, jnp.asarray(d[0]), jnp.asarray(d[1]))) for d, _ in models]
+    frozenconst.set_device_budget(2 * 32 * 64 * 4)  # one model's two tables
+    unrelated_want = np.asarray(unrelated(v))
+    for _, model in models:
+        model(v).block_until_ready()
+    with _compiles() as compiled:
+        for _ in range(2):
+            for (_, model), want in zip(models, wants, strict=True):
+                np.testing.assert_allclose(np.asarray(model(v)), want, rtol=1e-5, atol=1e-6)
+                np.testing.assert_array_equal(np.asarray(unrelated(v)), unrelated_want)
+    # Each call after a switch compiles its model again (its tables were evicted); nothing else
+    # compiles: not the function that holds no constant, not the budget's own work.
+    assert dict(compiled) == {f"jit(model{k})": 2 for k in range(3)}
+
+
+def test_where_jax_lacks_the_names_an_eviction_clears_every_cache(monkeypatch):
+    # The fallback of `_compat_lowering.jit_entry`: no jitted function found, every program dropped.
+    from frozenconst import _compat_lowering
+
+    monkeypatch.setattr(_compat_lowering, "_JIT", None)
+    data, (a, b) = _constants(2)
+    frozenconst.set_device_budget(KIB8)
+    f = jax.jit(lambda v: v * a)
+    unrelated = jax.jit(lambda v: v - 1.0)
+    v = jnp.full(N, 2.0, jnp.float32)
+    np.testing.assert_array_equal(np.asarray(f(v)), 2 * data[0])
+    unrelated(v).block_until_ready()
+    with _compiles() as compiled:
+        _use(b)  # evicts a, held by f's program
+        unrelated(v).block_until_ready()
+    assert compiled["jit(<lambda>)"] == 1
+    assert live_copies(data[0]) == 0
+    np.testing.assert_array_equal(np.asarray(f(v)), 2 * data[0])
+
+
+def test_an_inner_jit_holding_an_evicted_constant_lets_go_of_it_too():
+    # The outer program's trace reuses the inner function's, which holds the constant: frozenconst
+    # cannot name that trace's function, so every cache is cleared (`_hoist.dropped`).
+    data, (a, b) = _constants(2)
+    frozenconst.set_device_budget(KIB8)
+    inner = jax.jit(lambda v: v * a)
+    outer = jax.jit(lambda v: inner(v) + 1.0)
+    v = jnp.full(N, 2.0, jnp.float32)
+    np.testing.assert_array_equal(np.asarray(outer(v)), 2 * data[0] + 1)
+    _use(b)  # evicts a, held by both programs
+    assert live_copies(data[0]) == 0
+    np.testing.assert_array_equal(np.asarray(outer(v)), 2 * data[0] + 1)
+    np.testing.assert_array_equal(np.asarray(inner(v)), 2 * data[0])
 
 
 # -- refusals ---------------------------------------------------------------------------
