@@ -325,9 +325,75 @@ class Resident:
     @staticmethod
     def index(array: jax.Array, index: Any) -> jax.Array:
         """`array[index]`, sliced in host memory, moved to device memory: inside a trace, by the
-        program (`Store.item`)."""
-        moved: jax.Array = jax.device_put(array[index], DEVICE_MEMORY)
-        return moved
+        program (`Store.item`). A strided slice is cut in host memory without its stride (the
+        span it selects), and strided on the device."""
+        split = unstrided(index, array.shape)
+        host, device = (index, None) if split is None else split
+        moved: jax.Array = jax.device_put(array[host], DEVICE_MEMORY)
+        return moved if device is None else moved[device]
+
+
+def unstrided(index: Any, shape: tuple[int, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+    """`index` (basic: ints, slices, `None`, `...`, scalar integer arrays) of an array of `shape` as
+    a host part whose slices have no stride, each the span its strided slice selects, and the
+    device part that takes the strides from the result; None where no slice has a stride, or the
+    index is not basic. XLA's TPU compiler refuses a strided slice of a `pinned_host` operand
+    (jax 0.10.2 on a TPU v5e: "Expected instruction to have shape equal to f32[2,64,64], actual
+    shape is f32[2,32,64]"), so frozenconst never asks it for one.
+
+    >>> unstrided((1, slice(None, None, 2)), (4, 6))
+    ((1, slice(0, 5, None)), (slice(0, 5, 2),))
+    """
+    parts = index if isinstance(index, tuple) else (index,)
+    if not any(isinstance(p, slice) and p.step not in (None, 1) for p in parts):
+        return None
+    consuming = sum(1 for p in parts if p is not None and p is not Ellipsis)
+    if sum(1 for p in parts if p is Ellipsis) > 1 or consuming > len(shape):
+        return None
+    host: list[Any] = []
+    device: list[Any] = []
+    dim = 0
+    for part in parts:
+        if part is Ellipsis:
+            host.append(part)
+            device.append(part)
+            dim += len(shape) - consuming
+        elif part is None:
+            host.append(None)
+            device.append(slice(None))
+        elif isinstance(part, slice):
+            outer, inner = _span(part, shape[dim])
+            host.append(outer)
+            device.append(inner)
+            dim += 1
+        elif _integer_scalar(part):
+            host.append(part)  # the dimension goes: nothing of it on the device
+            dim += 1
+        else:
+            return None
+    return tuple(host), tuple(device)
+
+
+def _span(part: slice, size: int) -> tuple[slice, slice]:
+    """`part` of a dimension of `size` as the unstrided slice spanning what it selects, and the
+    slice of that span giving what it selects."""
+    start, stop, step = part.indices(size)
+    picked = range(start, stop, step)
+    if step == 1 or not picked:
+        return (part if step == 1 else slice(0, 0)), slice(None)
+    low, high = min(picked[0], picked[-1]), max(picked[0], picked[-1])
+    first, last = picked[0] - low, picked[-1] - low
+    end = last + (1 if step > 0 else -1)
+    return slice(low, high + 1), slice(first, None if end < 0 else end, step)
+
+
+def _integer_scalar(part: Any) -> bool:
+    if isinstance(part, bool):
+        return False
+    if isinstance(part, int | np.integer):
+        return True
+    shape, dtype = getattr(part, "shape", None), getattr(part, "dtype", None)
+    return shape == () and dtype is not None and np.issubdtype(dtype, np.integer)
 
 
 def place(host: np.ndarray[Any, Any], sharding: Sharding) -> jax.Array:
