@@ -236,7 +236,7 @@ clear_caches: Callable[[], None] = jax.clear_caches  # untyped in JAX's stubs
 # alone (jax >= 0.9); the programs keyed by a trace (`_pjit_lower`, `_cached_lowering_to_hlo`)
 # go with it. jax 0.8.1's caches have no `evict_weakref`: there `clear_cache()`, JAX's own, which
 # also forgets every function's traces (`_infer_params_cached.cache_clear()`), not their
-# executables. Checked on jax 0.8.1, 0.9.2, 0.10.2 and 0.12.0.1.
+# executables. Checked on jax 0.8.1, 0.9.2, 0.10.2, 0.12.0.1 and 0.12.1.
 # Fallback: where a name is missing, `jit_entry` finds nothing, and `_hoist.dropped` clears every
 # cache (`clear_caches`), as it does wherever a dropped buffer is still held after the release.
 class _JitNames:
