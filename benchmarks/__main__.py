@@ -61,7 +61,7 @@ from . import (
     static_slices,
     training,
 )
-from ._harness import DOCS, results_folder
+from ._harness import DOCS, PIPELINES, results_folder
 
 
 def _median_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -81,7 +81,7 @@ def plot(rows: list[dict[str, Any]], mib: float, path: pathlib.Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True)
-    for col, pipeline in enumerate(seed.PIPELINES):
+    for col, pipeline in enumerate(PIPELINES):
         for variant in seed.VARIANTS:
             sel = sorted(
                 (
@@ -116,7 +116,7 @@ def run_seed(quick: bool, repeats: int, docs: pathlib.Path = DOCS) -> str:
     configurations = [(n, m) for m in sizes for n in layers]
     rows: list[dict[str, Any]] = []
     env: dict[str, str] = {}
-    for pipeline in seed.PIPELINES:
+    for pipeline in PIPELINES:
         # One fresh interpreter per variant and run, each measuring the same
         # configurations in the same order, so no variant inherits another's
         # memory or warm caches; the variants' order rotates from run to run.

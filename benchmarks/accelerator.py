@@ -491,7 +491,7 @@ def seed_runs(
     layers, mib = sizes(small)["seed"]
     timeout = sizes(small)["seed_timeout_s"]
     simplified = hasattr(jax.config, "jax_use_simplified_jaxpr_constants")  # jax >= 0.7
-    jobs = [(p, v) for p in seed.PIPELINES if simplified or p == "default" for v in seed_real.VARIANTS]
+    jobs = [(p, v) for p in PIPELINES if simplified or p == "default" for v in seed_real.VARIANTS]
     for pipeline, variant in shuffled(jobs, rng):
         try:
             row = seed_real.run_variant(
@@ -529,7 +529,7 @@ def seed_per_pipeline(small: bool, rng: random.Random, rows: list[dict[str, Any]
 
     layers, mib = sizes(small)["seed"]
     simplified = hasattr(jax.config, "jax_use_simplified_jaxpr_constants")
-    for pipeline in seed.PIPELINES:
+    for pipeline in PIPELINES:
         if pipeline == "simplified" and not simplified:
             continue
         headline = ["numpy-closure", "argument", "frozenconst-closure"]  # before, the floor, after
@@ -555,7 +555,7 @@ def seed_per_pipeline(small: bool, rng: random.Random, rows: list[dict[str, Any]
             row["device_peak_bytes"] = None  # one process for every variant: no peak of its own
             print(f"  seed {pipeline:10s} {row['variant']:20s} {row['outcome']}", flush=True)
             rows.append(row)
-    order = [(p, v) for p in seed.PIPELINES for v in seed_real.VARIANTS]
+    order = [(p, v) for p in PIPELINES for v in seed_real.VARIANTS]
     rows.sort(key=lambda r: order.index((r["pipeline"], r["variant"])))
     return rows
 

@@ -396,7 +396,7 @@ def _compiles() -> Iterator[dict[str, int]]:
 
     counts: dict[str, int] = {}
 
-    def listen(event: str, _duration: float, **kwargs: Any) -> None:
+    def listen(event: str, duration_secs: float, **kwargs: str | int) -> None:
         if event.endswith("backend_compile_duration"):
             name = str(kwargs.get("fun_name", "?"))
             counts[name] = counts.get(name, 0) + 1

@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from . import seed
-from ._harness import DOCS, environment, pipeline_env
+from ._harness import DOCS, PIPELINES, environment, pipeline_env
 
 LAYERS, MIB = 160, 64.0
 QUICK_LAYERS, QUICK_MIB = 40, 16.0
@@ -70,7 +70,7 @@ def run_variant(
 
     `budget_s`: about how long its timed steps may take, at least `steps` of them.
     """
-    env = pipeline_env(seed.PIPELINES[pipeline])
+    env = pipeline_env(PIPELINES[pipeline])
     spec = json.dumps(
         {"variant": variant, "layers": layers, "mib": mib, "steps": steps, "budget_s": budget_s}
     )
@@ -196,12 +196,12 @@ def run(quick: bool, rss_limit: int | None = None, repeats: int = REPEATS) -> li
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in range(repeats):
         order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]
-        for pipeline in seed.PIPELINES:
+        for pipeline in PIPELINES:
             for variant in order:
                 row = run_variant(variant, pipeline, layers, mib, 3 if quick else 5, limit, timeout_s=900)
                 print(f"  {pipeline:10s} {variant:20s} {row['outcome']} ({row['wall_s']:.0f} s)", flush=True)
                 runs.setdefault((pipeline, variant), []).append(row)
-    return [_merge(runs[(p, v)]) for p in seed.PIPELINES for v in VARIANTS]
+    return [_merge(runs[(p, v)]) for p in PIPELINES for v in VARIANTS]
 
 
 def _x(value: float, base: dict[str, Any] | None, key: str) -> str:
@@ -402,7 +402,7 @@ def _cli() -> None:
         choices=sorted(seed.VARIANTS),
         help="measure this variant alone in a fresh interpreter; without it, the whole section",
     )
-    parser.add_argument("--pipeline", choices=sorted(seed.PIPELINES), default="default")
+    parser.add_argument("--pipeline", choices=sorted(PIPELINES), default="default")
     parser.add_argument("--layers", type=int, default=LAYERS)
     parser.add_argument("--mib", type=float, default=MIB)
     parser.add_argument("--steps", type=int, default=5, help="timed steps at least")

@@ -247,7 +247,7 @@ class _JitNames:
     def __init__(self) -> None:
         from jax._src import pjit as _pjit
 
-        self.cpp_pjit: Callable[[Any, Any], Any] = _pjit._cpp_pjit
+        self.cpp_pjit: Callable[[Any, Any], Any] = _pjit._cpp_pjit  # pyright: ignore[reportPrivateUsage]
         misses = [c for c in self.cpp_pjit.__code__.co_consts if getattr(c, "co_name", "") == "cache_miss"]
         if len(misses) != 1 or not {"fun", "jit_info"} <= set(misses[0].co_freevars):
             raise AttributeError("cache_miss")
@@ -256,7 +256,7 @@ class _JitNames:
         # The caches of traces keyed by the function, where each can forget one function's.
         from jax._src.interpreters import partial_eval as _pe
 
-        found = [getattr(_pe, "trace_to_jaxpr", None), _pjit._infer_params_cached]
+        found = [getattr(_pe, "trace_to_jaxpr", None), _pjit._infer_params_cached]  # pyright: ignore[reportPrivateUsage]
         self.traces: list[Any] | None = [c for c in found if c is not None]
         if not all(callable(getattr(c, "evict_weakref", None)) for c in self.traces):
             self.traces = None  # jax 0.8.1: `clear_cache()` forgets every function's traces
