@@ -323,55 +323,64 @@ class Resident:
         return part
 
     @staticmethod
-    def index(array: jax.Array, index: Any) -> jax.Array:
-        """`array[index]`, sliced in host memory, moved to device memory: inside a trace, by the
-        program (`Store.item`). A strided slice is cut in host memory without its stride (the
-        span it selects), and strided on the device."""
-        split = unstrided(index, array.shape)
-        host, device = (index, None) if split is None else split
+    def index(array: jax.Array, index: Any) -> jax.Array | None:
+        """`array[index]` inside a trace (`Store.item`): the leading axis's selection taken in
+        host memory and moved to device memory, the rest of the index taken there. None where
+        the index is not of that form (the whole constant is then moved, and indexed there)."""
+        split = leading_split(index, array.shape)
+        if split is None:
+            return None
+        host, device = split
         moved: jax.Array = jax.device_put(array[host], DEVICE_MEMORY)
         return moved if device is None else moved[device]
 
 
-def unstrided(index: Any, shape: tuple[int, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
-    """`index` (basic: ints, slices, `None`, `...`, scalar integer arrays) of an array of `shape` as
-    a host part whose slices have no stride, each the span its strided slice selects, and the
-    device part that takes the strides from the result; None where no slice has a stride, or the
-    index is not basic. XLA's TPU compiler refuses a strided slice of a `pinned_host` operand
-    (jax 0.10.2 on a TPU v5e: "Expected instruction to have shape equal to f32[2,64,64], actual
-    shape is f32[2,32,64]"), so frozenconst never asks it for one.
+Split: TypeAlias = tuple[tuple[Any, ...], tuple[Any, ...] | None]
 
-    >>> unstrided((1, slice(None, None, 2)), (4, 6))
-    ((1, slice(0, 5, None)), (slice(0, 5, 2),))
+
+def leading_split(index: Any, shape: tuple[int, ...]) -> Split | None:
+    """`index` of an array of `shape` as the part taken in host memory, which selects along the
+    leading axis only, without a stride, and the part then taken on the device (None: nothing
+    left). XLA's TPU compiler refuses a slice of a `pinned_host` operand in more than one
+    dimension, or computes it wrong ("Async slice only supports slicing in 1 dimension"; a
+    strided one, "Expected instruction to have shape equal to f32[2,64,64]", jax 0.10.2 on a TPU
+    v5e), so frozenconst never asks it for one. None for an index of another form: booleans, an
+    integer array anywhere but first, or one first with an integer after it.
+
+    >>> leading_split((1, slice(None, None, 2)), (4, 6))
+    ((1,), (slice(None, None, 2),))
+    >>> leading_split(slice(5, 0, -2), (8, 3))
+    ((slice(1, 6, None),), (slice(4, None, -2),))
     """
     parts = index if isinstance(index, tuple) else (index,)
-    if not any(isinstance(p, slice) and p.step not in (None, 1) for p in parts):
+    consuming = [p for p in parts if p is not None and p is not Ellipsis]
+    if sum(1 for p in parts if p is Ellipsis) > 1 or len(consuming) > len(shape) or not shape:
         return None
-    consuming = sum(1 for p in parts if p is not None and p is not Ellipsis)
-    if sum(1 for p in parts if p is Ellipsis) > 1 or consuming > len(shape):
+    if any(not (isinstance(p, slice) or _integer_scalar(p)) for p in consuming[1:]):
         return None
-    host: list[Any] = []
-    device: list[Any] = []
-    dim = 0
+    expanded: list[Any] = []
     for part in parts:
         if part is Ellipsis:
-            host.append(part)
-            device.append(part)
-            dim += len(shape) - consuming
-        elif part is None:
-            host.append(None)
-            device.append(slice(None))
-        elif isinstance(part, slice):
-            outer, inner = _span(part, shape[dim])
-            host.append(outer)
-            device.append(inner)
-            dim += 1
-        elif _integer_scalar(part):
-            host.append(part)  # the dimension goes: nothing of it on the device
-            dim += 1
+            expanded += [slice(None)] * (len(shape) - len(consuming))
         else:
-            return None
-    return tuple(host), tuple(device)
+            expanded.append(part)
+    lead = 0
+    while lead < len(expanded) and expanded[lead] is None:
+        lead += 1
+    if lead == len(expanded):
+        return (), tuple(expanded) or None
+    first, rest = expanded[lead], expanded[lead + 1 :]
+    if isinstance(first, slice):
+        host, kept = _span(first, shape[0])
+        device = [None] * lead + [kept, *rest]
+    elif _integer_scalar(first):
+        host, device = first, [None] * lead + rest
+    elif _integer_array(first) and all(isinstance(p, slice) for p in rest):
+        host, device = first, [None] * lead + [slice(None)] * np.ndim(first) + rest
+    else:
+        return None
+    trivial = all(isinstance(p, slice) and p == slice(None) for p in device)
+    return (host,), None if trivial else tuple(device)
 
 
 def _span(part: slice, size: int) -> tuple[slice, slice]:
@@ -385,6 +394,13 @@ def _span(part: slice, size: int) -> tuple[slice, slice]:
     first, last = picked[0] - low, picked[-1] - low
     end = last + (1 if step > 0 else -1)
     return slice(low, high + 1), slice(first, None if end < 0 else end, step)
+
+
+def _integer_array(part: Any) -> bool:
+    dtype = getattr(part, "dtype", None)
+    if dtype is None and isinstance(part, list):
+        dtype = np.asarray(part).dtype
+    return dtype is not None and np.issubdtype(dtype, np.integer)
 
 
 def _integer_scalar(part: Any) -> bool:

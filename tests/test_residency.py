@@ -244,33 +244,47 @@ def test_a_backend_that_cannot_warns_once_and_keeps_the_constant_on_the_device(m
     assert resident.residency == other.residency == "device" and live_copies(table) == 1
 
 
-def _strided_index():
-    """Basic indices of a (L, R, R) table with at least one strided slice (ints, slices, None)."""
+def _index():
+    """Indices of an (L, R, R) table: basic ones (ints, slices with and without a stride, None,
+    `...`), and an integer array first followed by slices."""
     bound = st.one_of(st.none(), st.integers(-R - 2, R + 2))
-    strided = st.builds(slice, bound, bound, st.sampled_from([-3, -2, 2, 5]))
-    plain = st.one_of(
-        st.integers(-L, L - 1), st.none(), st.builds(slice, bound, bound, st.sampled_from([None, 1]))
-    )
-    return st.tuples(
-        st.lists(plain, max_size=2), strided, st.lists(st.one_of(plain, strided), max_size=1)
-    ).map(lambda t: (*t[0], t[1], *t[2]))
+    a_slice = st.builds(slice, bound, bound, st.sampled_from([None, 1, -1, 2, -2, 5]))
+    part = st.one_of(st.integers(-L, L - 1), st.none(), a_slice)
+    basic = st.lists(part, max_size=4).map(tuple) | st.tuples(part, st.just(Ellipsis), part)
+    rows = st.lists(st.integers(0, L - 1), min_size=1, max_size=3).map(np.asarray)
+    leading = st.tuples(rows, st.lists(a_slice, max_size=2)).map(lambda t: (t[0], *t[1]))
+    return basic | leading
 
 
-def _host_slices(closed):
-    """(strides, operand) of each `slice` taken of an operand in host memory, at every level."""
-    found = []
-    for eqn in closed.jaxpr.eqns:
-        if eqn.primitive.name == "slice" and "<host>" in str(eqn.invars[0].aval):
-            found.append((eqn.params["strides"], str(eqn.invars[0].aval)))
+def _host_reads(jaxpr, found=None):
+    """(primitive, narrowed axes, strides) of each slice, dynamic slice and gather of an operand
+    in host memory, in `jaxpr` and every jaxpr inside it."""
+    found = [] if found is None else found
+    for eqn in jaxpr.eqns:
+        operand = eqn.invars[0].aval if eqn.invars else None
+        if "<host>" in str(operand) and eqn.primitive.name in ("slice", "dynamic_slice", "gather"):
+            shape, params = operand.shape, eqn.params
+            if eqn.primitive.name == "slice":
+                sizes = [b - a for a, b in zip(params["start_indices"], params["limit_indices"], strict=True)]
+            else:
+                sizes = list(params["slice_sizes"])
+            narrowed = {d for d, (n, size) in enumerate(zip(sizes, shape, strict=True)) if n != size}
+            found.append((eqn.primitive.name, narrowed, params.get("strides")))
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, tuple | list) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    _host_reads(inner, found)
     return found
 
 
-@settings(max_examples=25, deadline=None)
-@given(index=_strided_index())
-def test_a_strided_slice_is_cut_unstrided_in_host_memory_and_strided_on_the_device(index):
-    # XLA's TPU compiler refuses a strided slice of a page-locked operand (docs/device-memory.md):
-    # the span is cut in host memory, the stride taken on the device; the values are the
-    # device-resident constant's, for every basic index with a stride.
+@settings(max_examples=40, deadline=None)
+@given(index=_index())
+def test_an_index_is_taken_in_host_memory_along_the_leading_axis_only(index):
+    # XLA's TPU compiler refuses a slice of a page-locked operand in more than one dimension,
+    # or one with a stride, and has computed such a slice wrong (docs/device-memory.md): the
+    # leading axis's rows are cut in host memory, the rest of the index taken on the device.
+    # The values are NumPy's and the device-resident constant's, for every index of the sweep.
     table = unique_data((L, R, R))
     try:
         want = table[index]
@@ -280,5 +294,6 @@ def test_a_strided_slice_is_cut_unstrided_in_host_memory_and_strided_on_the_devi
     got = jax.jit(lambda: resident[index])()
     np.testing.assert_array_equal(np.asarray(got), want)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(lambda: device[index])()))
-    for strides, operand in _host_slices(jax.make_jaxpr(lambda: resident[index])()):
-        assert strides is None or set(strides) == {1}, (index, strides, operand)
+    for primitive, narrowed, strides in _host_reads(jax.make_jaxpr(lambda: resident[index])().jaxpr):
+        assert narrowed <= {0}, (index, primitive, narrowed)
+        assert strides is None or set(strides) == {1}, (index, primitive, strides)
