@@ -477,11 +477,11 @@ def test_comments_name_no_internal_issue():
     # around stays ("jax #37830", a link).
     import re
 
-    root = PACKAGE.parent
+    root = _TESTS.resolve().parent  # the checkout (the package may be an installed wheel's)
     paths = [*PACKAGE.glob("*.py"), *(root / "tests").rglob("*.py"), root / "Makefile"]
     pattern = re.compile(r"(?:\bissue #|\(#|\bRows? )\d+")
     found = [
-        f"{path.relative_to(root)}:{number}"
+        f"{path}:{number}"
         for path in paths
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if pattern.search(line) and "jax-ml/jax" not in line
