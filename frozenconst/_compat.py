@@ -417,27 +417,6 @@ def active_mesh() -> Any:
     return mesh if isinstance(mesh, jax.sharding.Mesh) and not mesh.empty else None
 
 
-# `jnp.issubdtype` places an ml_dtypes number type (float6_e2m3fn, int2, ...)
-# among the floats or integers only from the JAX release that names it: jax
-# 0.6.2 answers neither for float6 (kind "V"), so frozenconst would take float6
-# data for non-numbers and refuse to convert it (`dtype=np.float32`). The
-# public alternative is ml_dtypes' own `finfo`/`iinfo` (ml_dtypes >= 0.4, which
-# every JAX from 0.4.38 requires), asked only when JAX does not know the type.
-def ml_dtypes_category(dtype: Any) -> str:
-    """`f` or `i` for a floating or integer ml_dtypes type, else an empty string."""
-    if getattr(dtype.type, "__module__", "") != "ml_dtypes":
-        return ""
-    import ml_dtypes
-
-    for category, info in (("f", ml_dtypes.finfo), ("i", ml_dtypes.iinfo)):
-        try:
-            info(dtype)
-        except (TypeError, ValueError):
-            continue
-        return category
-    return ""
-
-
 # The frame `depth` calls up the stack: CPython's `sys._getframe`, bound here once. Public in
 # spirit (`inspect.currentframe` is built on it, and `sys._getframe` is documented), it is the
 # C function itself, no Python frame of its own: a rebuilt leaf reads the frame of the code

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._compat import eval_context, ml_dtypes_category
+from ._compat import eval_context
 from ._errors import FrozenConstTypeError, FrozenConstValueError
 
 
@@ -250,7 +250,27 @@ def numeric_kind(dtype: np.dtype[Any]) -> str:
         return "f"
     if jnp.issubdtype(dtype, jnp.complexfloating):
         return "c"
-    return ml_dtypes_category(dtype)  # a type this JAX's `jnp` does not know
+    return _ml_dtypes_kind(dtype)  # a type this JAX's `jnp` does not know
+
+
+def _ml_dtypes_kind(dtype: np.dtype[Any]) -> str:
+    # `f` or `i` for a floating or integer ml_dtypes type, else "". `jnp.issubdtype` places an
+    # ml_dtypes number type (float6_e2m3fn, int2, ...) among the floats or integers only from the
+    # JAX release that names it: jax 0.6.2 answers neither for float6 (kind "V"), so frozenconst
+    # would take float6 data for non-numbers and refuse to convert it (`dtype=np.float32`). The
+    # public alternative is ml_dtypes' own `finfo`/`iinfo` (ml_dtypes >= 0.4, which every JAX
+    # from 0.4.38 requires), asked only when JAX does not know the type.
+    if getattr(dtype.type, "__module__", "") != "ml_dtypes":
+        return ""
+    import ml_dtypes
+
+    for kind, info in (("f", ml_dtypes.finfo), ("i", ml_dtypes.iinfo)):
+        try:
+            info(dtype)
+        except (TypeError, ValueError):
+            continue
+        return kind
+    return ""
 
 
 # `jnp.iinfo` (ml_dtypes' `iinfo`) knows int4, int2 and friends too; it is untyped.

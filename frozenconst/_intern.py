@@ -56,10 +56,10 @@ def intern(obj: ArrayLike | FrozenConst, dtype: DTypeLike | None = None) -> Froz
         >>> a is b
         True
     """
-    if not isinstance(obj, FrozenConst) or not obj.is_concrete:
-        obj = FrozenConst(obj, dtype)  # validated, copied once; weakly typed for a Python scalar
-    elif dtype is not None and native(as_dtype(dtype)) != obj.host_dtype:
-        obj = FrozenConst(obj, dtype)  # converted from its host data, as `FrozenConst` converts
+    if not (isinstance(obj, FrozenConst) and obj.is_concrete) or (
+        dtype is not None and native(as_dtype(dtype)) != obj.host_dtype
+    ):
+        obj = FrozenConst(obj, dtype)  # validated and copied once, or converted from its host data
     key = content_key(obj)  # of the frozen copy: the constant's own bytes, hashed once
     with INTERNED.lock:
         # Another thread may have interned the same content meanwhile: keep one.

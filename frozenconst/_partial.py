@@ -289,7 +289,8 @@ def frozen_store(
             {key: freeze(plan._replace(source=view[index])) for key, index in indices.items()},
             "a memory-mapped array",
         )
-    return Store(freeze(plan), host_memory, weak=plan.weak, residency=residency)
+    host = freeze(plan)
+    return Store(host, host_memory, weak=plan.weak, residency=residency)
 
 
 def as_shape(shape: Any) -> tuple[int, ...]:

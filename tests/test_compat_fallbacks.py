@@ -42,6 +42,7 @@ from frozenconst import (
     _cache,
     _compat,
     _compat_lowering,
+    _dtypes,
     _frames,
     _host_memory,
     _targets,
@@ -272,8 +273,8 @@ def _use_mesh(mesh):
 def test_ml_dtypes_categories_come_from_ml_dtypes_own_info(name):
     dtype = np.dtype(getattr(ml_dtypes, name))
     expected = "i" if name.startswith(("int", "uint")) else "f"
-    assert _compat.ml_dtypes_category(dtype) == expected
-    assert _compat.ml_dtypes_category(np.dtype(np.float32)) == ""
+    assert _dtypes._ml_dtypes_kind(dtype) == expected
+    assert _dtypes._ml_dtypes_kind(np.dtype(np.float32)) == ""
 
 
 def _jax_at_least(major, minor):
