@@ -7,11 +7,7 @@ The budget is per device and process-wide, so each test starts from a cache that
 (`_empty_cache`) and leaves no budget behind.
 """
 
-import collections
-import contextlib
 import gc
-import logging
-import re
 import threading
 
 import jax
@@ -21,6 +17,7 @@ import pytest
 from helpers import live_copies, unique_data
 
 import frozenconst
+from benchmarks._harness import compiles  # JAX's compiles, counted as `benchmarks residency` counts them
 from frozenconst import FrozenConst, FrozenConstRuntimeError, FrozenConstTypeError, FrozenConstValueError
 
 # Nothing public lists every live constant: the fixture empties their caches through the
@@ -286,28 +283,6 @@ def test_a_loop_over_models_bigger_than_the_budget_runs_within_it(jit):
     assert after.retransfers - before.retransfers == 2 * 3 * 2  # each model's two, every round but the first
 
 
-@contextlib.contextmanager
-def _compiles():
-    """Count, per program name, the compiles JAX logs (`jax_log_compiles`: one per compile
-    request, a persistent-cache hit included) within the block."""
-    counts = collections.Counter()
-
-    class Count(logging.Handler):
-        def emit(self, record):
-            found = re.search(r"Finished XLA compilation of (\S+)", record.getMessage())
-            if found:
-                counts[found.group(1)] += 1
-
-    logger = logging.getLogger("jax")  # JAX logs it from `dispatch`, below it
-    handler = Count(logging.DEBUG)
-    logger.addHandler(handler)
-    try:
-        with jax.log_compiles(True):
-            yield counts
-    finally:
-        logger.removeHandler(handler)
-
-
 @pytest.mark.parametrize("jit", ["jax.jit", "frozenconst.jit"])
 def test_a_switch_compiles_again_only_the_model_whose_constants_were_evicted(jit):
     v, models = _models(jit)
@@ -320,7 +295,7 @@ def test_a_switch_compiles_again_only_the_model_whose_constants_were_evicted(jit
     unrelated_want = np.asarray(unrelated(v))
     for _, model, _ in models:
         model(v).block_until_ready()
-    with _compiles() as compiled:
+    with compiles() as compiled:
         for _ in range(2):
             for _, model, want in models:
                 np.testing.assert_allclose(np.asarray(model(v)), want, rtol=1e-5, atol=1e-6)
@@ -342,7 +317,7 @@ def test_where_jax_lacks_the_names_an_eviction_clears_every_cache(monkeypatch):
     v = jnp.full(N, 2.0, jnp.float32)
     np.testing.assert_array_equal(np.asarray(f(v)), 2 * data[0])
     unrelated(v).block_until_ready()
-    with _compiles() as compiled:
+    with compiles() as compiled:
         _use(b)  # evicts a, held by f's program
         unrelated(v).block_until_ready()
     assert compiled["jit(<lambda>)"] == 1
