@@ -1,5 +1,6 @@
 """Timing helpers: interleaved A/B ratios, NumPy arrays placed off the 64-byte grid,
-measurements run in fresh interpreters, and the stamp every results file carries."""
+measurements run in fresh interpreters, JAX's compiles counted, and the stamp every results
+file carries."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 # Generated output (tables, JSON, plots), apart from the hand-written pages.
@@ -137,6 +140,31 @@ def run_worker(
     if out.returncode != 0:
         raise RuntimeError(f"{what} failed:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# The event JAX records once per compile request, around XLA's compile or its persistent-cache
+# lookup, with the program's name (`jit(f)`) as `fun_name`: `dispatch.BACKEND_COMPILE_EVENT`,
+# recorded by `dispatch.log_elapsed_time` in `pxla`, the same on jax 0.8.1 to 0.12.1.
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+@contextmanager
+def compiles() -> Iterator[Counter[str]]:
+    """Within: the compiles JAX reports (`jax.monitoring`'s backend-compile event, a
+    persistent-cache hit included), counted per program name (`jit(f)`)."""
+    import jax.monitoring
+
+    counts: Counter[str] = Counter()
+
+    def listen(event: str, duration_secs: float, **kwargs: str | int) -> None:
+        if event == BACKEND_COMPILE_EVENT:
+            counts[str(kwargs.get("fun_name", "?"))] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield counts
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
 
 
 def _block(fn: Callable[[], Any], n: int) -> float:

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from ._harness import DOCS
+from ._harness import DOCS, compiles
 from ._harness import environment as _stamp
 
 GIB = 1 << 30
@@ -344,7 +344,7 @@ def budget(size: dict[str, Any]) -> dict[str, Any]:
     baseline = _in_use(device)
     before = frozenconst.stats()
     try:
-        with _sampled(device) as samples, _compiles() as compiled:
+        with _sampled(device) as samples, compiles() as compiled:
             for r in range(size["rounds"]):
                 for m, (_, model) in enumerate(models):
                     start = time.perf_counter()
@@ -386,26 +386,6 @@ def budget(size: dict[str, Any]) -> dict[str, Any]:
         for t in tables:
             t.evict()
     return out
-
-
-@contextmanager
-def _compiles() -> Iterator[dict[str, int]]:
-    """Within: the compiles JAX reports (its backend-compile event, a persistent-cache hit
-    included), counted per program name."""
-    import jax.monitoring
-
-    counts: dict[str, int] = {}
-
-    def listen(event: str, duration_secs: float, **kwargs: str | int) -> None:
-        if event.endswith("backend_compile_duration"):
-            name = str(kwargs.get("fun_name", "?"))
-            counts[name] = counts.get(name, 0) + 1
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
-        yield counts
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
 
 
 def _model(tables: list[Any]) -> Callable[[Any], Any]:

@@ -65,7 +65,7 @@ class CapturedConstant:
     @property
     def device_copies(self) -> int:
         """Device copies JAX makes of it: one per use for NumPy data under the simplified
-        pipeline (the documented future default); none for a buffer that already exists."""
+        pipeline (JAX's default from jax 0.12.1); none for a buffer that already exists."""
         return self.uses if self.kind == "numpy" else 0
 
     def in_program(self, pipeline: str) -> str:
@@ -190,7 +190,8 @@ class AuditReport:
             f"{duplicated}; JAX constant pipeline: {self.pipeline}"
         )
         rows.append(
-            "* copies: device copies JAX makes under its simplified constant pipeline (future default)"
+            "* copies: device copies JAX makes under its simplified constant pipeline "
+            "(JAX's default from 0.12.1)"
         )
         rows.append(
             "** program: what any jit compiling this function makes of it (jax.jit, a library's, "

@@ -19,6 +19,9 @@ from ._compat_lowering import refusal
 from ._errors import FrozenConstIndexError, FrozenConstTypeError, FrozenConstValueError
 from ._frames import library_of
 
+# Every JAX release the sweeps checked the tables below on: a row of `_EVERY_TESTED` refuses on each.
+_EVERY_TESTED: tuple[str, ...] = ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1")
+
 # Public functions of `jax.nn` and `jax.scipy` that refuse a FrozenConst where they
 # take a NumPy array or a `jax.Array`, with the JAX versions on which they do:
 # they hand their argument to `jax.lax` (which refuses a FrozenConst where
@@ -29,7 +32,7 @@ from ._frames import library_of
 # below; docs/jax.md lists it.
 BYPASS_JAX_NUMPY: dict[str, tuple[str, ...]] = {
     "jax.nn.sigmoid": ("0.8.1", "0.9.2"),
-    "jax.scipy.linalg.block_diag": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.scipy.linalg.block_diag": _EVERY_TESTED,
     "jax.scipy.linalg.hessenberg": ("0.8.1", "0.9.2"),
     "jax.scipy.linalg.schur": ("0.8.1", "0.9.2"),
     "jax.scipy.stats.norm.isf": ("0.8.1", "0.9.2"),
@@ -45,10 +48,10 @@ JAX_LAX_REFUSES: tuple[str, ...] = ("0.8.1", "0.9.2")
 # FrozenConst `b` (its result's structure differs), `Rotation(q)` keeps it as
 # given. The same fix.
 TAKE_PYTREES: dict[str, tuple[str, ...]] = {
-    "jax.scipy.sparse.linalg.bicgstab": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.scipy.sparse.linalg.cg": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.scipy.sparse.linalg.gmres": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.scipy.spatial.transform.Rotation": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.scipy.sparse.linalg.bicgstab": _EVERY_TESTED,
+    "jax.scipy.sparse.linalg.cg": _EVERY_TESTED,
+    "jax.scipy.sparse.linalg.gmres": _EVERY_TESTED,
+    "jax.scipy.spatial.transform.Rotation": _EVERY_TESTED,
 }
 
 # Parameters of public `jax.numpy` functions that refuse a FrozenConst where they
@@ -58,17 +61,17 @@ TAKE_PYTREES: dict[str, tuple[str, ...]] = {
 # on each version below; docs/jax.md lists it, with each one's reason. The fix is
 # the same: `jnp.asarray(x)` in that argument.
 JAX_NUMPY_REFUSALS: dict[str, tuple[str, ...]] = {
-    "jax.numpy.array_split(indices_or_sections)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.numpy.dsplit(indices_or_sections)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.numpy.hsplit(indices_or_sections)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.numpy.split(indices_or_sections)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.numpy.vsplit(indices_or_sections)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.numpy.union1d(fill_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.numpy.unique(fill_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.numpy.unique_all(fill_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.numpy.unique_counts(fill_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.numpy.unique_inverse(fill_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.numpy.unique_values(fill_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.numpy.array_split(indices_or_sections)": _EVERY_TESTED,
+    "jax.numpy.dsplit(indices_or_sections)": _EVERY_TESTED,
+    "jax.numpy.hsplit(indices_or_sections)": _EVERY_TESTED,
+    "jax.numpy.split(indices_or_sections)": _EVERY_TESTED,
+    "jax.numpy.vsplit(indices_or_sections)": _EVERY_TESTED,
+    "jax.numpy.union1d(fill_value)": _EVERY_TESTED,
+    "jax.numpy.unique(fill_value)": _EVERY_TESTED,
+    "jax.numpy.unique_all(fill_value)": _EVERY_TESTED,
+    "jax.numpy.unique_counts(fill_value)": _EVERY_TESTED,
+    "jax.numpy.unique_inverse(fill_value)": _EVERY_TESTED,
+    "jax.numpy.unique_values(fill_value)": _EVERY_TESTED,
 }
 
 # Parameters of public `jax.lax` functions where a FrozenConst does not give what its
@@ -81,42 +84,42 @@ JAX_LAX_REFUSALS: dict[str, tuple[str, ...]] = {
     # They take a pytree and give one of the same structure back: a FrozenConst (a node
     # with one leaf) comes back as a FrozenConst around the result, a derived copy that
     # a FrozenConstWarning names, where its cached buffer comes back as a jax.Array.
-    "jax.lax.all_gather(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.all_gather(x)": _EVERY_TESTED,
     "jax.lax.all_gather_invariant(x)": ("0.8.1",),
-    "jax.lax.all_to_all(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.associative_scan(elems)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.optimization_barrier(operand)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.pmax(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.pmean(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.pmin(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.ppermute(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.all_to_all(x)": _EVERY_TESTED,
+    "jax.lax.associative_scan(elems)": _EVERY_TESTED,
+    "jax.lax.optimization_barrier(operand)": _EVERY_TESTED,
+    "jax.lax.pmax(x)": _EVERY_TESTED,
+    "jax.lax.pmean(x)": _EVERY_TESTED,
+    "jax.lax.pmin(x)": _EVERY_TESTED,
+    "jax.lax.ppermute(x)": _EVERY_TESTED,
     "jax.lax.preduced(x)": ("0.8.1",),
-    "jax.lax.pshuffle(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.psum(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.psum_scatter(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.pswapaxes(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.pshuffle(x)": _EVERY_TESTED,
+    "jax.lax.psum(x)": _EVERY_TESTED,
+    "jax.lax.psum_scatter(x)": _EVERY_TESTED,
+    "jax.lax.pswapaxes(x)": _EVERY_TESTED,
     "jax.lax.pvary(x)": ("0.8.1",),
-    "jax.lax.stop_gradient(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.with_sharding_constraint(x)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.stop_gradient(x)": _EVERY_TESTED,
+    "jax.lax.with_sharding_constraint(x)": _EVERY_TESTED,
     # They compare the structure of a pytree argument with another's (the carry a loop body
     # returns, the init values, the solution): a FrozenConst is a node where a jax.Array
     # is a leaf, and JAX refuses the mismatch. `fori_loop(lower)`: inside frozenconst.jit
     # and filter_jit, where the bound is not concrete, JAX carries it through a while loop.
-    "jax.lax.custom_linear_solve(b)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.custom_root(initial_guess)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.fori_loop(init_val)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.custom_linear_solve(b)": _EVERY_TESTED,
+    "jax.lax.custom_root(initial_guess)": _EVERY_TESTED,
+    "jax.lax.fori_loop(init_val)": _EVERY_TESTED,
     "jax.lax.fori_loop(lower)": ("0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.reduce(init_values)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.reduce(operands)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.reduce_window(init_value)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.reduce_window(operand)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.scan(init)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.while_loop(init_val)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.reduce(init_values)": _EVERY_TESTED,
+    "jax.lax.reduce(operands)": _EVERY_TESTED,
+    "jax.lax.reduce_window(init_value)": _EVERY_TESTED,
+    "jax.lax.reduce_window(operand)": _EVERY_TESTED,
+    "jax.lax.scan(init)": _EVERY_TESTED,
+    "jax.lax.while_loop(init_val)": _EVERY_TESTED,
     # They convert the argument with `jax.lax.asarray`, which takes only jax.Arrays, NumPy
     # arrays and Python scalars ("asarray: expected ArrayLike, got FrozenConst(...)").
-    "jax.lax.conv_general_dilated_local(lhs)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.conv_general_dilated_patches(lhs)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
-    "jax.lax.split(operand)": ("0.8.1", "0.9.2", "0.10.2", "0.12.0.1", "0.12.1"),
+    "jax.lax.conv_general_dilated_local(lhs)": _EVERY_TESTED,
+    "jax.lax.conv_general_dilated_patches(lhs)": _EVERY_TESTED,
+    "jax.lax.split(operand)": _EVERY_TESTED,
     "jax.lax.stack(operands)": ("0.10.2", "0.12.0.1", "0.12.1"),
     "jax.lax.unstack(x)": ("0.10.2", "0.12.0.1", "0.12.1"),
     # It takes a coefficient that is not a `jax.core.Tracer` for a constant and converts it

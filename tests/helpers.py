@@ -8,6 +8,7 @@ import pathlib
 import signal
 import socket
 import subprocess
+import sys
 
 import jax
 import jax.experimental
@@ -178,11 +179,39 @@ SIMPLIFIED = bool(getattr(jax.config, "jax_use_simplified_jaxpr_constants", Fals
 # (`jax_embedded_constants_max_bytes`: 32 on jax 0.10 to 0.12.0, 1024 from 0.12.1; -1 where
 # JAX has no such limit, jax 0.8 and 0.9, which pass every non-scalar).
 JAX_EMBED_MAX_BYTES: int = getattr(jax.config, "jax_embedded_constants_max_bytes", -1)
-# Whether the simplified pipeline makes a device copy of a closed-over NumPy array per use (a
-# literal per use, each hoisted on its own: jax 0.10 to 0.12.0, the copies of jax #5308 that a
-# FrozenConst removes), not one (from jax 0.12.1 the array stays one constant of the program).
-# Read off the version: a process of either pipeline asks it of programs of the simplified one.
-SIMPLIFIED_COPIES_PER_USE = tuple(jax.__version_info__[:3]) < (0, 12, 1)
+
+
+def closure_literal_per_use() -> bool:
+    """Whether this process's JAX traces a closed-over NumPy array as a literal at each use (one
+    device copy per use once the simplified pipeline hoists each: the copies of jax #5308 that a
+    FrozenConst removes) rather than one constant of the program (`constvars`). Traced, never
+    lowered or run."""
+    c = np.arange(2048, dtype=np.float32)  # 8 KiB: above every embedding threshold
+    closed = jax.make_jaxpr(lambda w: (w + c) * c)(jax.ShapeDtypeStruct(c.shape, c.dtype))
+    return not closed.jaxpr.constvars
+
+
+@functools.cache
+def simplified_copies_per_use() -> bool:
+    """Whether JAX's simplified pipeline makes a device copy of a closed-over NumPy array per
+    use (jax 0.8 to 0.12.0), not one (jax 0.12.1 keeps it one constant of the program).
+
+    Asked of JAX, under the simplified pipeline: in this process if it runs that pipeline (the
+    flag is read at JAX's import), else in a subprocess on the CPU that runs it. Asked once."""
+    if not hasattr(jax.config, "jax_use_simplified_jaxpr_constants"):
+        return False  # no simplified pipeline to ask
+    if SIMPLIFIED:
+        return closure_literal_per_use()
+    env = subprocess_env("cpu")
+    env["JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS"] = "1"
+    code, out = run_bounded(
+        [sys.executable, "-c", "import helpers; print(helpers.closure_literal_per_use())"],
+        cwd=pathlib.Path(__file__).parent,
+        env=env,
+    )
+    answer = out.strip().splitlines()[-1] if out.strip() else ""
+    assert code == 0 and answer in ("True", "False"), out
+    return answer == "True"
 
 
 @functools.cache

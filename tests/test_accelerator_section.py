@@ -11,7 +11,7 @@ import sys
 
 import jax
 import pytest
-from helpers import ROOT, SIMPLIFIED, SIMPLIFIED_COPIES_PER_USE, on_cpu, run_bounded, subprocess_env
+from helpers import ROOT, SIMPLIFIED, on_cpu, run_bounded, simplified_copies_per_use, subprocess_env
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]  # the whole section, small: left out of test-fast
 
@@ -71,7 +71,7 @@ def test_the_seed_runs_every_variant_under_each_pipeline(written):
     raw = rows.get(("simplified", "numpy-closure"))
     if raw and raw["outcome"] == "ok":
         # One device copy per layer (the bug frozenconst.jit removes), one from jax 0.12.1.
-        assert raw["live_copies"] == (layers if SIMPLIFIED_COPIES_PER_USE else 1)
+        assert raw["live_copies"] == (layers if simplified_copies_per_use() else 1)
 
 
 def test_mutation_never_reaches_a_frozenconsts_device_copy(written):

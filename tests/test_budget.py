@@ -7,11 +7,7 @@ The budget is per device and process-wide, so each test starts from a cache that
 (`_empty_cache`) and leaves no budget behind.
 """
 
-import collections
-import contextlib
 import gc
-import logging
-import re
 import threading
 
 import jax
@@ -21,6 +17,7 @@ import pytest
 from helpers import live_copies, unique_data
 
 import frozenconst
+from benchmarks._harness import compiles  # JAX's compiles, counted as `benchmarks residency` counts them
 from frozenconst import FrozenConst, FrozenConstRuntimeError, FrozenConstTypeError, FrozenConstValueError
 
 # Nothing public lists every live constant: the fixture empties their caches through the
@@ -243,57 +240,20 @@ def test_a_trace_evicting_a_compiled_programs_constant_leaves_both_right():
     np.testing.assert_array_equal(np.asarray(g(v)), data[2])
 
 
-@pytest.mark.parametrize("jit", ["jax.jit", "frozenconst.jit"])
-def test_a_loop_over_models_bigger_than_the_budget_runs_within_it(jit):
+MODEL_BYTES = 2 * 32 * 64 * 4  # one model's two float32 tables
+
+
+def _models(jit):
+    """Three models of two (32, 64) constants each, `model0` to `model2`, wrapped in `jit`
+    (`"jax.jit"` or `"frozenconst.jit"`), each with the data of its constants and what it must
+    compute from `v`.
+
+    The wanted results come from the argument form, jitted: the program each model's is (its
+    constants are parameters), so rounding does not depend on the data drawn, as it does
+    against eager, unfused arithmetic."""
     wrap = jax.jit if jit == "jax.jit" else frozenconst.jit
-    models = []
-    for _ in range(3):
-        data, constants = _constants(2, shape=(32, 64))
-        models.append((data, wrap(lambda v, cs=constants: jnp.tanh(v @ cs[0]) @ cs[1].T)))
-    one = 2 * 32 * 64 * 4
-    frozenconst.set_device_budget(one)
-    v = jnp.ones((4, 32))
-    before = frozenconst.stats()
-    # The argument form, jitted: the program each model's is (its constants are parameters), so
-    # rounding does not depend on the data drawn, as it does against eager, unfused arithmetic.
     argument_form = jax.jit(lambda v, a, b: jnp.tanh(v @ a) @ b.T)
-    wants = [np.asarray(argument_form(v, jnp.asarray(d[0]), jnp.asarray(d[1]))) for d, _ in models]
-    for _ in range(3):
-        for (data, model), want in zip(models, wants, strict=True):
-            np.testing.assert_allclose(np.asarray(model(v)), want, rtol=1e-5, atol=1e-6)
-            assert sum(frozenconst.stats().device_bytes.values()) <= one
-            # JAX agrees: of the six tables, the two of the model just run are on the device.
-            on_device = [live_copies(d) for data, _ in models for d in data]
-            assert sum(on_device) == 2 and live_copies(data[0]) == live_copies(data[1]) == 1
-    after = frozenconst.stats()
-    assert after.retransfers - before.retransfers == 2 * 3 * 2  # each model's two, every round but the first
-
-
-@contextlib.contextmanager
-def _compiles():
-    """Count, per program name, the compiles JAX logs (`jax_log_compiles`: one per compile
-    request, a persistent-cache hit included) within the block."""
-    counts = collections.Counter()
-
-    class Count(logging.Handler):
-        def emit(self, record):
-            found = re.search(r"Finished XLA compilation of (\S+)", record.getMessage())
-            if found:
-                counts[found.group(1)] += 1
-
-    logger = logging.getLogger("jax")  # JAX logs it from `dispatch`, below it
-    handler = Count(logging.DEBUG)
-    logger.addHandler(handler)
-    try:
-        with jax.log_compiles(True):
-            yield counts
-    finally:
-        logger.removeHandler(handler)
-
-
-@pytest.mark.parametrize("jit", ["jax.jit", "frozenconst.jit"])
-def test_a_switch_compiles_again_only_the_model_whose_constants_were_evicted(jit):
-    wrap = jax.jit if jit == "jax.jit" else frozenconst.jit
+    v = jnp.ones((4, 32))
     models = []
     for k in range(3):
         data, cs = _constants(2, shape=(32, 64))
@@ -301,23 +261,43 @@ def test_a_switch_compiles_again_only_the_model_whose_constants_were_evicted(jit
         def model(v, cs=cs):
             return jnp.tanh(v @ cs[0]) @ cs[1].T
 
-        model.__name__ = model.__qualname__ = f"model{k}"
-        models.append((data, wrap(model)))
+        model.__name__ = model.__qualname__ = f"model{k}"  # the program's name, `jit(model0)`
+        want = np.asarray(argument_form(v, jnp.asarray(data[0]), jnp.asarray(data[1])))
+        models.append((data, wrap(model), want))
+    return v, models
+
+
+@pytest.mark.parametrize("jit", ["jax.jit", "frozenconst.jit"])
+def test_a_loop_over_models_bigger_than_the_budget_runs_within_it(jit):
+    v, models = _models(jit)
+    frozenconst.set_device_budget(MODEL_BYTES)
+    before = frozenconst.stats()
+    for _ in range(3):
+        for data, model, want in models:
+            np.testing.assert_allclose(np.asarray(model(v)), want, rtol=1e-5, atol=1e-6)
+            assert sum(frozenconst.stats().device_bytes.values()) <= MODEL_BYTES
+            # JAX agrees: of the six tables, the two of the model just run are on the device.
+            on_device = [live_copies(d) for data, _, _ in models for d in data]
+            assert sum(on_device) == 2 and live_copies(data[0]) == live_copies(data[1]) == 1
+    after = frozenconst.stats()
+    assert after.retransfers - before.retransfers == 2 * 3 * 2  # each model's two, every round but the first
+
+
+@pytest.mark.parametrize("jit", ["jax.jit", "frozenconst.jit"])
+def test_a_switch_compiles_again_only_the_model_whose_constants_were_evicted(jit):
+    v, models = _models(jit)
 
     def unrelated(v):
         return jnp.sin(v) * 2.0
 
     unrelated = jax.jit(unrelated)
-    v = jnp.ones((4, 32))
-    argument_form = jax.jit(lambda v, a, b: jnp.tanh(v @ a) @ b.T)
-    wants = [np.asarray(argument_form(v, jnp.asarray(d[0]), jnp.asarray(d[1]))) for d, _ in models]
-    frozenconst.set_device_budget(2 * 32 * 64 * 4)  # one model's two tables
+    frozenconst.set_device_budget(MODEL_BYTES)
     unrelated_want = np.asarray(unrelated(v))
-    for _, model in models:
+    for _, model, _ in models:
         model(v).block_until_ready()
-    with _compiles() as compiled:
+    with compiles() as compiled:
         for _ in range(2):
-            for (_, model), want in zip(models, wants, strict=True):
+            for _, model, want in models:
                 np.testing.assert_allclose(np.asarray(model(v)), want, rtol=1e-5, atol=1e-6)
                 np.testing.assert_array_equal(np.asarray(unrelated(v)), unrelated_want)
     # Each call after a switch compiles its model again (its tables were evicted); nothing else
@@ -337,7 +317,7 @@ def test_where_jax_lacks_the_names_an_eviction_clears_every_cache(monkeypatch):
     v = jnp.full(N, 2.0, jnp.float32)
     np.testing.assert_array_equal(np.asarray(f(v)), 2 * data[0])
     unrelated(v).block_until_ready()
-    with _compiles() as compiled:
+    with compiles() as compiled:
         _use(b)  # evicts a, held by f's program
         unrelated(v).block_until_ready()
     assert compiled["jit(<lambda>)"] == 1

@@ -11,7 +11,7 @@ import sys
 
 import jax
 import pytest
-from helpers import ROOT, SIMPLIFIED_COPIES_PER_USE, run_bounded, subprocess_env
+from helpers import ROOT, run_bounded, simplified_copies_per_use, subprocess_env
 
 # The measurements run in fresh interpreters, each with the constant pipeline the
 # benchmark sets for it (`_harness.pipeline_env`), whatever this process runs
@@ -88,7 +88,7 @@ def test_raw_numpy_closure_shows_what_it_costs(rows):
         # the NumPy constant off the 64-byte grid so the CPU backend copies it,
         # as an accelerator would, instead of aliasing it).
         # One from jax 0.12.1, which keeps the array one constant of the program.
-        copies = LAYERS if SIMPLIFIED_COPIES_PER_USE else 1
+        copies = LAYERS if simplified_copies_per_use() else 1
         assert numpy_row["live_arrays"] == numpy_row["live_copies"] == copies
     else:
         assert numpy_row["hlo_bytes"] > numpy_row["const_bytes"]  # embedded in the program
@@ -117,5 +117,5 @@ def test_the_demo_ends_with_one_line_saying_what_the_rows_show(rows):
     ours = by_variant["frozenconst.jit"]
     assert ours["live_copies"] == 1 and ours["hlo_bytes"] < 2 * base["hlo_bytes"]
     if "numpy-closure" in by_variant:
-        many = pipeline == "simplified" and SIMPLIFIED_COPIES_PER_USE
+        many = pipeline == "simplified" and simplified_copies_per_use()
         assert (f"HLO, {LAYERS} device copies" in line) == many, line
