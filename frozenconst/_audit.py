@@ -11,7 +11,7 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from ._compat_lowering import SIMPLIFIED_CONSTANTS, numpy_of
+from ._compat_lowering import SIMPLIFIED_CONSTANTS, SIMPLIFIED_LITERAL_PER_USE, numpy_of
 from ._fingerprint import fingerprint
 from ._hoist import EMBED_MAX_BYTES, buffer_found, lowering_here, store_of
 from ._host import human_bytes
@@ -50,6 +50,9 @@ class CapturedConstant:
             parameter of the program, never embedding it: a FrozenConst above 4 KiB
             (whatever jit is outside the audited function: its own, the caller's,
             a library's), unless its buffer is donated somewhere (then embedded).
+        copies: of NumPy data, the device copies JAX's simplified pipeline makes of
+            it, as this JAX makes them: one per use up to jax 0.12.0, one per
+            program from 0.12.1 (None: one per use).
     """
 
     kind: Kind
@@ -61,12 +64,15 @@ class CapturedConstant:
     fingerprint: str
     sliced_bytes: int | None = None
     parameter: bool = False
+    copies: int | None = None
 
     @property
     def device_copies(self) -> int:
-        """Device copies JAX makes of it: one per use for NumPy data under the simplified
-        pipeline (JAX's default from jax 0.12.1); none for a buffer that already exists."""
-        return self.uses if self.kind == "numpy" else 0
+        """Device copies JAX makes of it under the simplified pipeline (JAX's default from jax
+        0.12.1): of NumPy data `copies`; none for a buffer that already exists."""
+        if self.kind != "numpy":
+            return 0
+        return self.uses if self.copies is None else self.copies
 
     def in_program(self, pipeline: str) -> str:
         """What any jit that compiles the function makes of it under `pipeline`: `"parameter"`
@@ -85,8 +91,9 @@ class CapturedConstant:
             return found
         if self.kind == "numpy":
             found.append(
-                f"raw NumPy constant: {self.uses} use(s) become {self.uses} device copies under "
-                "JAX's simplified constant pipeline, and it is transferred again per executable; "
+                f"raw NumPy constant: {self.uses} use(s) become {self.device_copies} device "
+                f"cop{'y' if self.device_copies == 1 else 'ies'} under JAX's simplified constant "
+                "pipeline, and it is transferred again per executable; "
                 "fix: wrap it once in `frozenconst.FrozenConst`"
             )
         if self.kind == "frozenconst":
@@ -236,9 +243,11 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
         >>> import numpy as np, jax, jax.numpy as jnp, frozenconst
         >>> table = np.ones((256, 256), np.float32)
         >>> report = frozenconst.audit(lambda w: sum(table @ w for _ in range(4)), jnp.ones(256))
-        >>> tuple((c.kind, c.uses, c.device_copies) for c in report.constants)
-        (('numpy', 4, 4),)
-        >>> report.duplicate_bytes == (3 * table.nbytes if report.pipeline == "simplified" else 0)
+        >>> (c,) = report.constants
+        >>> c.kind, c.uses, c.device_copies in (4, 1)  # 4: a copy per use up to jax 0.12.0
+        ('numpy', 4, True)
+        >>> simplified = report.pipeline == "simplified"
+        >>> report.duplicate_bytes == ((c.device_copies - 1) * table.nbytes if simplified else 0)
         True
     """
     try:
@@ -251,6 +260,11 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
     found: dict[object, dict[str, Any]] = {}
     order: list[object] = []
     here = lowering_here()
+    # References to a constant of a program (not a literal at the use): JAX's simplified
+    # pipeline passes such an array once per program, a literal once per use.
+    held: dict[object, int] = {}
+    for value, _ in walk(closed, literals=False):
+        held[_identity(value)] = held.get(_identity(value), 0) + 1
     for value, eqn in walk(closed):
         key = _identity(value)
         entry = found.get(key)
@@ -276,6 +290,13 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
         if entry["sliced_bytes"] is not None:
             entry["sliced_bytes"] = _static_slice_bytes(eqn, entry["sliced_bytes"])
 
+    for key in order:
+        entry = found[key]
+        if entry["kind"] == "numpy":
+            if not SIMPLIFIED_CONSTANTS:  # traced under the default pipeline: JAX's rule
+                entry["copies"] = entry["uses"] if SIMPLIFIED_LITERAL_PER_USE else 1
+            else:  # as the trace shows it
+                entry["copies"] = entry["uses"] - held.get(key, 0) + (key in held)
     constants = [CapturedConstant(**found[k]) for k in order]
     constants.sort(key=lambda c: -c.nbytes)
     total = sum(c.nbytes for c in constants)

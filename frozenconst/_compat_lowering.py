@@ -25,6 +25,11 @@ from ._compat import JIT_MODULE, frame_at, single_device_sharding
 # `jax_use_simplified_jaxpr_constants` exists from jax 0.7; before, only the
 # default pipeline exists.
 SIMPLIFIED_CONSTANTS = bool(getattr(jax.config, "jax_use_simplified_jaxpr_constants", False))
+# Whether the simplified pipeline makes a closed-over NumPy array a literal at each use (a
+# device copy per use: jax 0.7 to 0.12.0) or one constant of the program (jax 0.12.1, whose
+# `core.jaxpr_const_args` reads `jaxpr.consts`). A trace under that pipeline shows which it
+# is (`_audit`); this answers for a process that runs the other one.
+SIMPLIFIED_LITERAL_PER_USE = tuple(int(p) for p in jax.__version_info__[:3]) < (0, 12, 1)
 
 
 # --- no_numpy_constants: seeing each program JAX lowers (used by _guard.py) ---
