@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import live_copies, pinned_host_offered, unique_data
+from helpers import live_copies, pinned_host_offered, raw_numpy_lowers, unique_data
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -290,6 +290,8 @@ def test_an_index_is_taken_in_host_memory_along_the_leading_axis_only(index):
         want = table[index]
     except IndexError:  # out of range (an int): JAX clamps, NumPy refuses; not this test's case
         return
+    if not raw_numpy_lowers():  # jax 0.8 and 0.9 lower no closure over a NumPy array (simplified)
+        index = tuple(jnp.asarray(p) if isinstance(p, np.ndarray) else p for p in index)
     resident, device = FrozenConst(table, residency="host"), FrozenConst(table)
     got = jax.jit(lambda: resident[index])()
     np.testing.assert_array_equal(np.asarray(got), want)
