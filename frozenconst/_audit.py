@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -262,9 +263,7 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
     here = lowering_here()
     # References to a constant of a program (not a literal at the use): JAX's simplified
     # pipeline passes such an array once per program, a literal once per use.
-    held: dict[object, int] = {}
-    for value, _ in walk(closed, literals=False):
-        held[_identity(value)] = held.get(_identity(value), 0) + 1
+    held = Counter(_identity(value) for value, _ in walk(closed, literals=False))
     for value, eqn in walk(closed):
         key = _identity(value)
         entry = found.get(key)
@@ -296,7 +295,7 @@ def audit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> AuditReport:
             if not SIMPLIFIED_CONSTANTS:  # traced under the default pipeline: JAX's rule
                 entry["copies"] = entry["uses"] if SIMPLIFIED_LITERAL_PER_USE else 1
             else:  # as the trace shows it
-                entry["copies"] = entry["uses"] - held.get(key, 0) + (key in held)
+                entry["copies"] = entry["uses"] - held[key] + (key in held)
     constants = [CapturedConstant(**found[k]) for k in order]
     constants.sort(key=lambda c: -c.nbytes)
     total = sum(c.nbytes for c in constants)

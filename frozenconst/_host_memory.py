@@ -398,8 +398,6 @@ def _span(part: slice, size: int) -> tuple[slice, slice]:
 
 def _integer_array(part: Any) -> bool:
     dtype = getattr(part, "dtype", None)
-    if dtype is None and isinstance(part, list):
-        dtype = np.asarray(part).dtype
     return dtype is not None and np.issubdtype(dtype, np.integer)
 
 
