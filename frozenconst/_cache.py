@@ -37,7 +37,7 @@ from ._compat import (
     weakly_typed,
 )
 from ._convert import as_dtype, check_narrowing, frozen_copy
-from ._dtypes import follows_x64, held_dtype, native
+from ._dtypes import check_device_dtype, follows_x64, held_dtype, native
 from ._errors import FrozenConstWarning
 from ._fingerprint import fingerprint
 from ._frames import origin_module, user_stacklevel, warn_degraded
@@ -638,6 +638,8 @@ class Store:
             lost = array is not None and array.is_deleted()
             if array is None or lost:
                 self.check_device_dtype(dtype)  # x64 may have been switched off since construction
+                for target in sharding.device_set if sharding is not None else {_default_device(setting)}:
+                    check_device_dtype(target.platform, dtype)  # before XLA compiles anything of it
                 with eval_context():
                     if budget is not None and not self.memory.streams:
                         budget.make_room(self, self.incoming(sharding, device, dtype))

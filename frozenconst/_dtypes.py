@@ -171,6 +171,36 @@ def check_conversion(platform: str, dtype: np.dtype[Any], what: str) -> None:
         )
 
 
+# Dtypes a backend's compiler aborts the whole process on when a program computes with them,
+# by platform, the dtype on the device. XLA's TPU compiler dies with SIGABRT compiling `x + 0`
+# of a complex128 `jax.Array` under x64 (every shape; `tools/dtype-probe` on a TPU v5e, jax
+# 0.10.2), where transferring it works; JAX's own tests hold no 64-bit type on a TPU
+# (`jax._src.test_util.supported_dtypes`). frozenconst refuses to transfer a constant of such a
+# dtype to such a device, so that no later use can end the process.
+_ABORTING_DTYPES: dict[str, frozenset[np.dtype[Any]]] = {
+    "tpu": frozenset({np.dtype(np.complex128)}),
+}
+
+
+def check_device_dtype(platform: str, dtype: np.dtype[Any]) -> None:
+    """Raise a `FrozenConstTypeError` where computing with `dtype` on `platform`'s devices would
+    abort the process."""
+    if aborts_on(platform, dtype):
+        name = platform.upper()
+        raise FrozenConstTypeError(
+            f"FrozenConst cannot move {dtype} data to a {name} device: XLA's {name} compiler aborts "
+            f"the process (it does not raise) on arithmetic in {dtype}, such as `x + 0`. Hold it in "
+            f"a dtype the {name} computes with, such as `FrozenConst(x, dtype=np.complex64)`, or "
+            "keep it on a CPU device (`x.on(jax.devices('cpu')[0])`)."
+        )
+
+
+def aborts_on(platform: str, dtype: np.dtype[Any]) -> bool:
+    """Whether computing with `dtype` on `platform`'s devices aborts the process (see
+    `check_device_dtype`)."""
+    return native(dtype) in _ABORTING_DTYPES.get(platform, frozenset())
+
+
 def native(dtype: np.dtype[Any]) -> np.dtype[Any]:
     """`dtype` in this machine's byte order (JAX holds nothing else); the copy converts."""
     return dtype if dtype.isnative else dtype.newbyteorder("=")

@@ -32,12 +32,13 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess test
         "or `pip install 'frozenconst[test]'`."
     ) from err
 
+import jax
 import ml_dtypes
 import numpy as np
 from numpy.typing import DTypeLike
 
 from ._compat import X64
-from ._dtypes import SUPPORTED_DTYPES, supported
+from ._dtypes import SUPPORTED_DTYPES, aborts_on, held_dtype, supported
 from ._frozen import FrozenConst
 
 __all__ = ["frozen_consts", "jax_dtypes"]
@@ -74,7 +75,9 @@ def jax_dtypes(*, exotic: bool = False) -> st.SearchStrategy[np.dtype[Any]]:
         exotic: also every other dtype the default backend holds: the float8,
             float6 and float4 types, int2/int4 and uint2/uint4 (XLA computes
             with them partially: its CPU backend aborts the process on
-            `x + 0` for an empty float6 array).
+            `x + 0` for an empty float6 array). Either way, a dtype whose
+            arithmetic the default backend aborts the process on is left out
+            (complex128 under x64 on a TPU).
 
     Returns:
         A strategy for NumPy dtypes, shrinking towards `bfloat16`.
@@ -85,8 +88,15 @@ def jax_dtypes(*, exotic: bool = False) -> st.SearchStrategy[np.dtype[Any]]:
         dtype('complex128')
     """
     # Deferred: probing the backend starts it, which must not happen when the
-    # strategy is merely built (at import, or in a decorator).
-    return st.deferred(lambda: st.sampled_from(_usable_dtypes(exotic)))
+    # strategy is merely built (at import, or in a decorator). Filtered at each draw: whether
+    # the default backend aborts on a dtype's arithmetic follows the x64 setting of the draw.
+    return st.deferred(lambda: st.sampled_from(_usable_dtypes(exotic)).filter(_computes_here))
+
+
+def _computes_here(dtype: np.dtype[Any]) -> bool:
+    """Whether the default backend computes with `dtype` as JAX holds it now, rather than abort
+    the process (`_dtypes.aborts_on`: complex128 under x64 on a TPU)."""
+    return not aborts_on(jax.default_backend(), held_dtype(dtype))
 
 
 def _is_numpy_builtin(dtype: np.dtype[Any]) -> bool:

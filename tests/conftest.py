@@ -68,6 +68,18 @@ hypothesis.settings.load_profile("frozenconst")
 
 
 @pytest.fixture
+def cpu_aborts_on_complex128(monkeypatch):
+    """The CPU standing in for a TPU: its table of dtypes whose arithmetic aborts the process
+    names complex128 (a private reach: CI has no TPU, where the table's entry applies)."""
+    import numpy as np
+
+    import frozenconst._dtypes
+
+    table = {**frozenconst._dtypes._ABORTING_DTYPES, "cpu": frozenset({np.dtype(np.complex128)})}
+    monkeypatch.setattr(frozenconst._dtypes, "_ABORTING_DTYPES", table)
+
+
+@pytest.fixture
 def needs_raw_numpy_lowering():
     """For tests that make such a program on purpose (the guard's, the audit's): nothing to check without."""
     if not raw_numpy_lowers():

@@ -24,7 +24,7 @@ from frozenconst import FrozenConst, FrozenConstTypeError, FrozenConstValueError
 # The narrowing rule is also checked alone, beside the constructor that applies it; the
 # candidates are the package's list of every dtype jax.numpy names, held or not by this JAX.
 from frozenconst._convert import check_narrowing
-from frozenconst._dtypes import SUPPORTED_DTYPES, supported
+from frozenconst._dtypes import SUPPORTED_DTYPES, aborts_on, supported
 
 REFUSALS = (FrozenConstTypeError, FrozenConstValueError, OverflowError)
 # Every dtype `jax.numpy` names, whether or not this JAX can hold it (jax 0.10
@@ -108,6 +108,12 @@ def check_rule(obj, dtype, x64: bool) -> str:
                 x = FrozenConst(obj, dtype=dtype)
             except REFUSALS as err:
                 assert f"`{type(obj).__name__}`" in str(err), str(err)
+                return "refused"
+            if aborts_on(jax.default_backend(), x.dtype):
+                # A dtype the device's compiler aborts on (complex128 under x64 on a TPU): refused
+                # at the transfer, with the host copy held.
+                with pytest.raises(FrozenConstTypeError, match=f"cannot move {x.dtype} data"):
+                    jnp.asarray(x)
                 return "refused"
             device = jnp.asarray(x)
             host = np.asarray(x)
@@ -343,12 +349,38 @@ def test_dtypes_are_decided_by_what_this_jax_can_hold(dtype):
 
 def test_every_dtype_accepted_transfers():
     for dtype in CANDIDATES:
-        if supported(dtype):
+        if supported(dtype) and aborts_on(jax.default_backend(), jax.dtypes.canonicalize_dtype(dtype)):
+            with pytest.raises(FrozenConstTypeError, match="aborts the process"):
+                jnp.asarray(FrozenConst(np.zeros(2, dtype)))
+        elif supported(dtype):
             x = FrozenConst(np.zeros(2, dtype))
             assert np.asarray(jnp.asarray(x)).dtype == jax.dtypes.canonicalize_dtype(dtype)
         else:
             with pytest.raises(FrozenConstTypeError, match=dtype.name):
                 FrozenConst(np.zeros(2, dtype))
+
+
+@pytest.mark.parametrize("target", ["default", "on"])
+def test_a_dtype_the_device_aborts_on_is_refused_before_any_transfer(cpu_aborts_on_complex128, target):
+    data = np.arange(6).reshape(2, 3) * (1 + 2j)
+    with enable_x64(True):
+        x = FrozenConst(data)  # the host copy is made: nothing reached a device yet
+        before = {id(a) for a in jax.live_arrays()}
+        use = (lambda: jnp.asarray(x)) if target == "default" else (lambda: x.on(jax.devices("cpu")[0]))
+        for attempt in (use, lambda: jax.jit(lambda c: c + 0)(x)):
+            with pytest.raises(
+                FrozenConstTypeError, match=r"cannot move complex128 data to a CPU.*complex64"
+            ):
+                attempt()
+        # Nothing of it reached the device, and the constant holds its data on the host still.
+        made = [a for a in jax.live_arrays() if id(a) not in before]
+        assert not [a for a in made if a.dtype == np.complex128], made
+        np.testing.assert_array_equal(np.asarray(x), data)
+        # The fix the message names: the device computes in complex64.
+        narrow = FrozenConst(data, dtype=np.complex64)
+        np.testing.assert_array_equal(np.asarray(narrow + 0), data.astype(np.complex64))
+    # Without x64 JAX holds it as complex64 on the device, which is computed with.
+    np.testing.assert_array_equal(np.asarray(x + 0), data.astype(np.complex64))
 
 
 @pytest.mark.parametrize(

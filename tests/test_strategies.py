@@ -16,6 +16,7 @@ import pytest
 from helpers import enable_x64, requires_cpu
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
 
 from frozenconst import FrozenConst
 
@@ -128,6 +129,20 @@ def test_no_subnormals_by_default_so_jax_computes_with_the_values_drawn(x64, dat
         if np.dtype(x.dtype) in COMPUTABLE and x.size:
             held = np.asarray(jnp.asarray(x))
             np.testing.assert_array_equal(np.asarray(x + 0).astype(held.dtype), held)
+
+
+def test_no_dtype_the_default_backend_aborts_on_by_default(cpu_aborts_on_complex128):
+    # The CPU standing in for a TPU, whose compiler aborts on complex128 arithmetic: under x64
+    # no default draws it (a suite's first `x + 0` would end the process); asked for, it comes.
+    with enable_x64(True):
+        with pytest.raises(NoSuchExample):
+            find(jax_dtypes(), lambda d: d == np.complex128)
+        with pytest.raises(NoSuchExample):
+            find(frozen_consts(), lambda x: x.dtype == np.complex128)
+        assert find(jax_dtypes(), lambda d: d.kind == "c") == np.complex64
+        assert find(frozen_consts(dtype="complex128"), lambda x: True).dtype == np.complex128
+    # Without x64 JAX computes with it as complex64, and the default draws it.
+    assert find(jax_dtypes(), lambda d: d == np.complex128) == np.complex128
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", "complex64", "complex128"])
