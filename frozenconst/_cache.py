@@ -37,7 +37,7 @@ from ._compat import (
     weakly_typed,
 )
 from ._convert import as_dtype, check_narrowing, frozen_copy
-from ._dtypes import check_device_dtype, follows_x64, held_dtype, native
+from ._dtypes import check_computes_on, follows_x64, held_dtype, native
 from ._errors import FrozenConstWarning
 from ._fingerprint import fingerprint
 from ._frames import origin_module, user_stacklevel, warn_degraded
@@ -637,9 +637,7 @@ class Store:
             array = self._made.get(made)
             lost = array is not None and array.is_deleted()
             if array is None or lost:
-                self.check_device_dtype(dtype)  # x64 may have been switched off since construction
-                for target in sharding.device_set if sharding is not None else {_default_device(setting)}:
-                    check_device_dtype(target.platform, dtype)  # before XLA compiles anything of it
+                self._check_use(sharding, device, dtype)
                 with eval_context():
                     if budget is not None and not self.memory.streams:
                         budget.make_room(self, self.incoming(sharding, device, dtype))
@@ -665,6 +663,14 @@ class Store:
             self.used = next(_CLOCK)
         return array, lost
 
+    def _check_use(self, sharding: Sharding | None, device: Device | None, dtype: np.dtype[Any]) -> None:
+        """Raise where `dtype` data on this use's devices (`sharding`'s, else `device`) would be
+        wrong or end the process: before any of it is transferred, so before XLA compiles any."""
+        self.check_device_dtype(dtype)  # x64 may have been switched off since construction
+        for target in sharding.device_set if sharding is not None else {device}:
+            assert target is not None
+            check_computes_on(target.platform, dtype)
+
     def item(self, sharding: Sharding | None, index: Any) -> jax.Array | None:
         """`x[index]` of a host-resident constant, only the slice moved to the device (traced: sliced
         in host memory; eager: a basic index of the host copy); None for any other use."""
@@ -672,7 +678,10 @@ class Store:
         if not isinstance(memory, Resident) or not memory.streams:
             return None
         if not tracing():
-            return None if sharding is not None or self.weak else memory.eager_index(index)
+            if sharding is not None or self.weak:
+                return None
+            self._check_use(self.home, _default_device(DEFAULT_DEVICE.value), self.device_dtype())
+            return memory.eager_index(index)
         array, lost = self._cached(sharding, DEFAULT_DEVICE.value, _UNSERVED)
         if lost:
             self._lost()

@@ -182,7 +182,7 @@ _ABORTING_DTYPES: dict[str, frozenset[np.dtype[Any]]] = {
 }
 
 
-def check_device_dtype(platform: str, dtype: np.dtype[Any]) -> None:
+def check_computes_on(platform: str, dtype: np.dtype[Any]) -> None:
     """Raise a `FrozenConstTypeError` where computing with `dtype` on `platform`'s devices would
     abort the process."""
     if aborts_on(platform, dtype):
@@ -197,7 +197,7 @@ def check_device_dtype(platform: str, dtype: np.dtype[Any]) -> None:
 
 def aborts_on(platform: str, dtype: np.dtype[Any]) -> bool:
     """Whether computing with `dtype` on `platform`'s devices aborts the process (see
-    `check_device_dtype`)."""
+    `check_computes_on`)."""
     return native(dtype) in _ABORTING_DTYPES.get(platform, frozenset())
 
 

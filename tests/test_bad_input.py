@@ -360,14 +360,20 @@ def test_every_dtype_accepted_transfers():
                 FrozenConst(np.zeros(2, dtype))
 
 
-@pytest.mark.parametrize("target", ["default", "on"])
+@pytest.mark.parametrize("target", ["default", "on", "host-resident"])
 def test_a_dtype_the_device_aborts_on_is_refused_before_any_transfer(cpu_aborts_on_complex128, target):
     data = np.arange(6).reshape(2, 3) * (1 + 2j)
     with enable_x64(True):
-        x = FrozenConst(data)  # the host copy is made: nothing reached a device yet
+        # The host copy is made: nothing reached a device yet.
+        x = FrozenConst(data, residency="host") if target == "host-resident" else FrozenConst(data)
         before = {id(a) for a in jax.live_arrays()}
-        use = (lambda: jnp.asarray(x)) if target == "default" else (lambda: x.on(jax.devices("cpu")[0]))
-        for attempt in (use, lambda: jax.jit(lambda c: c + 0)(x)):
+        uses = {
+            "default": [lambda: jnp.asarray(x)],
+            "on": [lambda: x.on(jax.devices("cpu")[0])],
+            # An eager basic index moves only that part of the host copy: refused all the same.
+            "host-resident": [lambda: x[0], lambda: x[0, 1:], lambda: jnp.asarray(x)],
+        }[target]
+        for attempt in [*uses, lambda: jax.jit(lambda c: c + 0)(x), lambda: jax.jit(lambda c: c[1])(x)]:
             with pytest.raises(
                 FrozenConstTypeError, match=r"cannot move complex128 data to a CPU.*complex64"
             ):
