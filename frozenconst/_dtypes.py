@@ -173,8 +173,9 @@ def check_conversion(platform: str, dtype: np.dtype[Any], what: str) -> None:
 
 # Dtypes a backend's compiler aborts the whole process on when a program computes with them,
 # by platform, the dtype on the device. XLA's TPU compiler dies with SIGABRT compiling `x + 0`
-# of a complex128 `jax.Array` under x64 (every shape; `tools/dtype-probe` on a TPU v5e, jax
-# 0.10.2), where transferring it works; JAX's own tests hold no 64-bit type on a TPU
+# of a complex128 `jax.Array` under x64 ("Unsupported CVT X{64|128} expansion from s64[] to
+# c128[]": the Python int's conversion; every shape, eager and jitted; `tools/dtype-probe` on a
+# TPU v5e, jax 0.10.2), where transferring it works; JAX's own tests hold no 64-bit type on a TPU
 # (`jax._src.test_util.supported_dtypes`). frozenconst refuses to transfer a constant of such a
 # dtype to such a device, so that no later use can end the process.
 _ABORTING_DTYPES: dict[str, frozenset[np.dtype[Any]]] = {

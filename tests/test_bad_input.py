@@ -367,15 +367,17 @@ def test_a_dtype_the_device_aborts_on_is_refused_before_any_transfer(cpu_aborts_
         # The host copy is made: nothing reached a device yet.
         x = FrozenConst(data, residency="host") if target == "host-resident" else FrozenConst(data)
         before = {id(a) for a in jax.live_arrays()}
+        here = jax.default_backend().upper()  # a TPU's own entry, or the CPU standing in for one
         uses = {
-            "default": [lambda: jnp.asarray(x)],
-            "on": [lambda: x.on(jax.devices("cpu")[0])],
+            "default": [(here, lambda: jnp.asarray(x))],
+            "on": [("CPU", lambda: x.on(jax.devices("cpu")[0]))],
             # An eager basic index moves only that part of the host copy: refused all the same.
-            "host-resident": [lambda: x[0], lambda: x[0, 1:], lambda: jnp.asarray(x)],
+            "host-resident": [(here, lambda: x[0]), (here, lambda: x[0, 1:]), (here, lambda: jnp.asarray(x))],
         }[target]
-        for attempt in [*uses, lambda: jax.jit(lambda c: c + 0)(x), lambda: jax.jit(lambda c: c[1])(x)]:
+        jitted = [(here, lambda: jax.jit(lambda c: c + 0)(x)), (here, lambda: jax.jit(lambda c: c[1])(x))]
+        for platform, attempt in [*uses, *jitted]:
             with pytest.raises(
-                FrozenConstTypeError, match=r"cannot move complex128 data to a CPU.*complex64"
+                FrozenConstTypeError, match=rf"cannot move complex128 data to a {platform} .*complex64"
             ):
                 attempt()
         # Nothing of it reached the device, and the constant holds its data on the host still.
