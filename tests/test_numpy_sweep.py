@@ -680,10 +680,11 @@ _NO_ARRAY_HERE = {
 # NumPy array (helpers.raw_numpy_lowers): these close over one inside, and fail there for
 # a jax.Array too ('TypedNdArray' object has no attribute 'sharding'; `polyder` on 0.8).
 _NO_ARRAY_WITHOUT_NUMPY_LOWERING = {"polyadd": {"a1", "a2"}, "polysub": {"a1", "a2"}, "polyder": {"p"}}
-# By platform, functions JAX computes there for no array, a jax.Array included: on a TPU,
-# `jnp.roots` (the eigenvalues of its companion matrix: `lax.linalg.eig`, "only implemented on
-# CPU and GPU") and `jnp.from_dlpack` (JAX's DLPack maps only CPU and GPU devices; a
-# FrozenConst's own `__dlpack__` exports its host copy, tests/test_dlpack.py).
+# By platform, parameters no call gives an array there, a jax.Array included (on a TPU v5e,
+# jax 0.10.2): `jnp.roots`, `jnp.linalg.eig` and `eigvals` ("MLIR translation rule for
+# primitive 'eig' not found for platform tpu"), `jnp.from_dlpack` ("__dlpack__ device only
+# supported for CPU and GPU"; a FrozenConst's own `__dlpack__` exports its host copy,
+# tests/test_dlpack.py), `jnp.int2` and `jnp.uint2` ("INT2 is not supported for rank 1").
 _NO_ARRAY_ON = {
     "tpu": {
         "roots": {"p"},
