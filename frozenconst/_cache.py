@@ -637,7 +637,8 @@ class Store:
             array = self._made.get(made)
             lost = array is not None and array.is_deleted()
             if array is None or lost:
-                self._check_use(sharding, device, dtype)
+                self.check_device_dtype(dtype)  # x64 may have been switched off since construction
+                self._check_computes(sharding, device, dtype)
                 with eval_context():
                     if budget is not None and not self.memory.streams:
                         budget.make_room(self, self.incoming(sharding, device, dtype))
@@ -663,10 +664,10 @@ class Store:
             self.used = next(_CLOCK)
         return array, lost
 
-    def _check_use(self, sharding: Sharding | None, device: Device | None, dtype: np.dtype[Any]) -> None:
-        """Raise where `dtype` data on this use's devices (`sharding`'s, else `device`) would be
-        wrong or end the process: before any of it is transferred, so before XLA compiles any."""
-        self.check_device_dtype(dtype)  # x64 may have been switched off since construction
+    @staticmethod
+    def _check_computes(sharding: Sharding | None, device: Device | None, dtype: np.dtype[Any]) -> None:
+        """Raise where computing with `dtype` on this use's devices (`sharding`'s, else `device`)
+        would end the process: before any of it is transferred, so before XLA compiles any."""
         for target in sharding.device_set if sharding is not None else {device}:
             assert target is not None
             check_computes_on(target.platform, dtype)
@@ -680,7 +681,9 @@ class Store:
         if not tracing():
             if sharding is not None or self.weak:
                 return None
-            self._check_use(self.home, _default_device(DEFAULT_DEVICE.value), self.device_dtype())
+            # Where `eager_index` puts the part: the default device. (It takes no data JAX holds
+            # in another dtype, so no narrowing to check: that use goes through `_cached`.)
+            self._check_computes(None, _default_device(DEFAULT_DEVICE.value), self.device_dtype())
             return memory.eager_index(index)
         array, lost = self._cached(sharding, DEFAULT_DEVICE.value, _UNSERVED)
         if lost:
