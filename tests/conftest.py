@@ -103,20 +103,43 @@ def _shard():
     return shard
 
 
+def _ran_already():
+    """`FROZENCONST_RAN=file`: the ids of the tests that file lists (one a line, as this hook
+    wrote them) have run; this run leaves them out and adds the ones it finishes."""
+    path = os.environ.get("FROZENCONST_RAN", "")
+    if not path:
+        return None, frozenset()
+    try:
+        with open(path, encoding="utf-8") as lines:
+            return path, frozenset(line.rstrip("\n") for line in lines)
+    except FileNotFoundError:
+        return path, frozenset()
+
+
 def pytest_collection_modifyitems(config, items):
     # A share of the suite (a lent accelerator runs it over several calls): every n-th test, by
     # its id's digest, so that a share is the same set on every machine and in every order.
+    # And where a call's time ran out, the next one goes on from there (FROZENCONST_RAN).
     shard = _shard()
-    if shard is None:
-        return
-    index, count = shard
+    _, ran = _ran_already()
     kept, dropped = [], []
     for item in items:
         digest = int(hashlib.sha256(item.nodeid.encode()).hexdigest(), 16)
-        (kept if digest % count == index - 1 else dropped).append(item)
+        in_share = shard is None or digest % shard[1] == shard[0] - 1
+        (kept if in_share and item.nodeid not in ran else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+def pytest_runtest_logreport(report):
+    # A test has run once its teardown is reported (pass, failure or skip alike). Under
+    # pytest-xdist the controller and the worker both see it: the list is read as a set.
+    # A test whose worker the backend aborted is reported once, in a phase xdist names "???".
+    path = os.environ.get("FROZENCONST_RAN", "")
+    if path and report.when in ("teardown", "???"):
+        with open(path, "a", encoding="utf-8") as ran:
+            ran.write(report.nodeid + "\n")
 
 
 def pytest_generate_tests(metafunc):
