@@ -259,6 +259,10 @@ bench-compare: $(VENV311)/.installed
 # suite into docs/results/.
 DEVICE_BUNDLE := .device
 DEVICE_CALL := run(command="bash tools/device-run", carry=[".device"], timeout_s=600)
+# The whole suite under both pipelines, in one session's device time: three calls, one right
+# after the other (each goes on where the last stopped; CONTRIBUTING.md, "On an accelerator").
+DEVICE_SUITE_1 := run(command="DEVICE_BENCH_S=0 DEVICE_SPLIT=order DEVICE_PASSES=default,simplified bash tools/device-run", carry=[".device"], timeout_s=600)
+DEVICE_SUITE_2 := run(command="DEVICE_BENCH_S=0 DEVICE_CPU_LANE=0 DEVICE_SPLIT=order DEVICE_PASSES=simplified,slow-default,slow-simplified bash tools/device-run", carry=[".device"], timeout_s=600)
 
 device-bundle: $(VENV311)/.installed
 	$(VENV311)/bin/python tools/device-bundle $(DEVICE_BUNDLE)
@@ -270,6 +274,10 @@ device: device-bundle
 	@echo "about 11 minutes of device time (the machine's start, then at most 560 s of command);"
 	@echo "then, with the files_at folder its reply names:  make device-results FROM=<files_at>"
 	@echo "(a run split over several calls, DEVICE_PASSES with shares: FROM=\"<files_at> <files_at> ...\")"
+	@echo "The whole suite under both pipelines instead (about 26 minutes of device time), three calls in a row:"
+	@echo '  $(DEVICE_SUITE_1)'
+	@echo '  $(DEVICE_SUITE_2)'
+	@echo '  the second again; then make device-results FROM="<files_at 1> <files_at 2> <files_at 3>"'
 
 device-results:
 	@test -n "$(FROM)" || { echo "error: FROM=<the files_at folder of the device run>" >&2; exit 1; }

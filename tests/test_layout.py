@@ -13,6 +13,9 @@ import pytest
 
 import frozenconst
 
+# It reads the package's source: nothing a constant pipeline or a device changes.
+pytestmark = pytest.mark.pipeline_independent
+
 PACKAGE = pathlib.Path(frozenconst.__file__).parent
 LAYERS = [
     ["_errors", "_fingerprint"],

@@ -57,12 +57,25 @@ def test_shares_partition_the_suite_and_a_later_call_runs_only_what_is_left(tmp_
     _pytest(FROZENCONST_RAN=str(ran))
     assert _ran(ran) == whole
     assert _collected(FROZENCONST_RAN=str(ran)) == set()
-    assert f"no tests collected ({len(whole)} deselected)" in _pytest("--collect-only", FROZENCONST_RAN=str(ran))
+    assert f"no tests collected ({len(whole)} deselected)" in _pytest(
+        "--collect-only", FROZENCONST_RAN=str(ran)
+    )
 
 
 def test_a_share_out_of_range_is_refused_with_what_to_write():
     code, out = run_bounded(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "--collect-only", _TARGET],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-q",
+            "--collect-only",
+            _TARGET,
+        ],
         env={**subprocess_env(platform="cpu"), "FROZENCONST_SHARD": "4/3"},
         cwd=_HERE.parent,
     )
