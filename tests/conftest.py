@@ -104,16 +104,21 @@ def _shard():
 
 
 def _ran_already():
-    """`FROZENCONST_RAN=file`: the ids of the tests that file lists (one a line, as this hook
-    wrote them) have run; this run leaves them out and adds the ones it finishes."""
+    """`FROZENCONST_RAN=file`: the ids of the tests that file lists (one a line, as
+    `pytest_runtest_logreport` wrote them) have run; this run leaves them out and adds the ones
+    it finishes."""
     path = os.environ.get("FROZENCONST_RAN", "")
     if not path:
-        return None, frozenset()
+        return frozenset()
     try:
         with open(path, encoding="utf-8") as lines:
-            return path, frozenset(line.rstrip("\n") for line in lines)
+            return frozenset(line.rstrip("\n") for line in lines)
     except FileNotFoundError:
-        return path, frozenset()
+        return frozenset()
+
+
+def _digest(nodeid):
+    return int(hashlib.sha256(nodeid.encode()).hexdigest(), 16)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -121,13 +126,12 @@ def pytest_collection_modifyitems(config, items):
     # its id's digest, so that a share is the same set on every machine and in every order.
     # And where a call's time ran out, the next one goes on from there (FROZENCONST_RAN).
     shard = _shard()
-    _, ran = _ran_already()
+    ran = _ran_already()
     if shard is None and not ran:
         return
     kept, dropped = [], []
     for item in items:
-        digest = int(hashlib.sha256(item.nodeid.encode()).hexdigest(), 16)
-        in_share = shard is None or digest % shard[1] == shard[0] - 1
+        in_share = shard is None or _digest(item.nodeid) % shard[1] == shard[0] - 1
         (kept if in_share and item.nodeid not in ran else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)

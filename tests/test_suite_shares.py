@@ -19,14 +19,17 @@ _HERE = pathlib.Path(__file__).resolve().parent
 _TARGET = "tests/test_device_neutral.py"
 
 
-def _pytest(*flags: str, **env: str) -> str:
-    # pytest's exit 5: every test deselected, none left to run.
-    code, out = run_bounded(
+def _run(*flags: str, **env: str) -> tuple[int, str]:
+    return run_bounded(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", *flags, _TARGET],
         env={**subprocess_env(platform="cpu"), **env},
         cwd=_HERE.parent,
     )
-    assert code in (0, 5), out[-4000:]
+
+
+def _pytest(*flags: str, **env: str) -> str:
+    code, out = _run(*flags, **env)
+    assert code in (0, 5), out[-4000:]  # pytest's exit 5: every test deselected, none left to run
     return out
 
 
@@ -63,21 +66,6 @@ def test_shares_partition_the_suite_and_a_later_call_runs_only_what_is_left(tmp_
 
 
 def test_a_share_out_of_range_is_refused_with_what_to_write():
-    code, out = run_bounded(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "no:xdist",
-            "-q",
-            "--collect-only",
-            _TARGET,
-        ],
-        env={**subprocess_env(platform="cpu"), "FROZENCONST_SHARD": "4/3"},
-        cwd=_HERE.parent,
-    )
+    code, out = _run("--collect-only", FROZENCONST_SHARD="4/3")
     assert code != 0
     assert "FROZENCONST_SHARD is '4/3'" in out and "1 <= i <= n" in out, out[-2000:]
