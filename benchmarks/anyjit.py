@@ -16,7 +16,7 @@ taken per round too. Then one 256 KiB table in a small step (a parameter under a
 jit), against the same floors and the argument form with one more parameter (what a
 parameter costs per call). Per call: medians of interleaved rounds (every
 variant once per round, in an order shuffled each round), each a batch of calls of
-about 5 ms whose last result is waited for; each ratio is taken per round, then the
+about 5 ms (20 ms with `--device`) whose last result is waited for; each ratio is taken per round, then the
 median. Compile: the first call of a fresh function (trace, lowering, XLA's compile
 and the call), the median of several, against the argument form's. Each pipeline
 runs in a process of its own (JAX reads it at import).
@@ -106,15 +106,17 @@ def _first_call(make: Callable[[], Callable[[], Any]], repeats: int) -> float:
     return statistics.median(times)
 
 
+# A batch's length: calls back to back, the last one waited for. On an accelerator a call takes
+# 0.1-1 ms and its rounds vary by several percent, so batches are longer there (`run`).
 _BATCH_S = 0.005
 
 
-def _batch_size(call: Callable[[], Any]) -> int:
+def _batch_size(call: Callable[[], Any], batch_s: float = _BATCH_S) -> int:
     each = statistics.median(_block(call, 3) for _ in range(5))
-    return max(3, min(4000, round(_BATCH_S / each)))
+    return max(3, min(4000, round(batch_s / each)))
 
 
-def measure(k: int, rounds: int, compiles: int) -> list[dict[str, Any]]:
+def measure(k: int, rounds: int, compiles: int, batch_s: float = _BATCH_S) -> list[dict[str, Any]]:
     makers = _makers(k)
     for make in makers.values():  # one untimed round: what any first call pays once per process
         make()().block_until_ready()
@@ -129,7 +131,7 @@ def measure(k: int, rounds: int, compiles: int) -> list[dict[str, Any]]:
     calls = {name: make() for name, make in makers.items()}
     for call in calls.values():
         call().block_until_ready()
-    batch = {name: _batch_size(call) for name, call in calls.items()}
+    batch = {name: _batch_size(call, batch_s) for name, call in calls.items()}
     per_round: dict[str, list[float]] = {name: [] for name in calls}
     gc.disable()
     try:
@@ -165,7 +167,7 @@ def measure(k: int, rounds: int, compiles: int) -> list[dict[str, Any]]:
 TABLE_SHAPE = (256, 256)  # one 256 KiB float32 table in a small step
 
 
-def one_table(rounds: int) -> dict[str, Any]:
+def one_table(rounds: int, batch_s: float = _BATCH_S) -> dict[str, Any]:
     """One 256 KiB table in a small step (`tanh(table @ x)`), per call: closed over as a
     FrozenConst (plain `jax.jit` and `frozenconst.jit`), passed as an argument (the baseline),
     closed over as a `jax.Array` (embedded by JAX's default pipeline), and the argument form with
@@ -196,7 +198,7 @@ def one_table(rounds: int) -> dict[str, Any]:
     }
     for call in calls.values():
         call().block_until_ready()
-    batch = {name: _batch_size(call) for name, call in calls.items()}
+    batch = {name: _batch_size(call, batch_s) for name, call in calls.items()}
     per_round: dict[str, list[float]] = {name: [] for name in calls}
     shuffle = random.Random(7).shuffle
     gc.disable()
@@ -249,21 +251,26 @@ def _worker(spec: str) -> None:
     rows = []
     for k in request["ks"]:
         rows += measure(
-            k, request["rounds"], request["compiles"] if k < 1000 else min(3, request["compiles"])
+            k,
+            request["rounds"],
+            request["compiles"] if k < 1000 else min(3, request["compiles"]),
+            request["batch_s"],
         )
         print(json.dumps({"progress": f"K={k}"}), file=sys.stderr, flush=True)
-    print(json.dumps({"rows": rows, "one_table": one_table(request["rounds"])}))
+    print(json.dumps({"rows": rows, "one_table": one_table(request["rounds"], request["batch_s"])}))
 
 
 def run(quick: bool, device: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every K under both pipelines, each pipeline in a process of its own. `device`: the sizes
-    for a lent accelerator's time (fewer compiles and rounds: each of its compiles is slower)."""
+    for a lent accelerator's time: fewer compiles (each is slower there), more and longer rounds
+    (a call's time varies more there: 4% round to round on a TPU v5e, with 7 rounds of 5 ms)."""
     ks = [1, 10, 100] if quick else [100, 1000] if device else [1, 10, 100, 1000]
-    rounds, compiles = (7, 3) if quick else (7, 1) if device else (21, 7)
+    rounds, compiles = (7, 3) if quick else (41, 1) if device else (21, 7)
+    batch_s = 0.02 if device else _BATCH_S
     rows: list[dict[str, Any]] = []
     tables: dict[str, Any] = {}
     for pipeline, flag in PIPELINES.items():
-        spec = json.dumps({"ks": ks, "rounds": rounds, "compiles": compiles})
+        spec = json.dumps({"ks": ks, "rounds": rounds, "compiles": compiles, "batch_s": batch_s})
         measured = run_worker(
             "benchmarks.anyjit", [spec], f"benchmark worker ({pipeline})", pipeline_env(flag)
         )

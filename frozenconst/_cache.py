@@ -33,6 +33,7 @@ from ._compat import (
     Tracer,
     eval_context,
     is_single_device_sharding,
+    shared_sharding,
     tracing,
     weakly_typed,
 )
@@ -645,6 +646,7 @@ class Store:
                     fresh = self._transfer(sharding, dtype)
                 if isinstance(fresh, Tracer):  # never cached: it would leak (see `_compat.eval_context`)
                     return fresh, False
+                fresh = shared_sharding(fresh)
                 if self.weak and not fresh.weak_type:
                     fresh = _weakly_typed(fresh)
                 old, array = array, fresh

@@ -354,6 +354,37 @@ def uncommitted(array: Any) -> Any:
     return made
 
 
+# One sharding object per device and memory kind for every constant's single-device buffer.
+# `jax.device_put(np_array)` gives each result a sharding object of its own
+# (`make_single_device_sharding` in jax/_src/dispatch.py builds one per call), while the results
+# of one compiled program share theirs. A jitted call checks each parameter's sharding, and that
+# check is dearer between distinct objects: 1,000 parameters of 2 KiB cost 1.15x per call with
+# one object each than with one shared object (the CPU, jax 0.10.2, simplified pipeline, where
+# closed-over arrays are parameters; `python -m benchmarks anyjit`). No public call gives an
+# existing buffer another sharding object without committing it. Private:
+# `jax._src.array.ArrayImpl(aval, sharding, [array], committed=...)` wraps the same buffer (jax
+# 0.8.1 to 0.12; the class `ArrayImpl` above). Fallback: the array as it is (correct, at the
+# dearer per-call check).
+_SHARED_SHARDINGS: dict[Any, Any] = {}
+
+
+def shared_sharding(array: Any) -> Any:
+    """`array` (a concrete single-device `jax.Array`) over the same buffer, with the one sharding
+    object kept for its device and memory kind; `array` itself where it has it already or this JAX
+    cannot."""
+    sharding = array.sharding
+    if ArrayImpl is None or not is_single_device_sharding(sharding):
+        return array
+    shared = _SHARED_SHARDINGS.setdefault(sharding, sharding)  # atomic: one object per key
+    if shared is sharding:
+        return array
+    try:
+        made = ArrayImpl(array.aval, shared, [array], committed=array.committed)
+    except Exception:  # a changed private constructor: any failure means "cannot"
+        return array
+    return made
+
+
 # The Python scalar types JAX types weakly (`jnp.asarray(0.5)`, `jnp.asarray(3)`, not
 # `jnp.asarray(True)`): exactly these types, as `jax._src.dtypes`' `_weak_types` lists them.
 WEAK_TYPES = (int, float, complex)

@@ -472,3 +472,24 @@ def test_a_one_device_sharding_is_made_and_known_with_or_without_jaxs_functions(
         y = pickle.loads(pickle.dumps(x))  # the sharding described and rebuilt
         assert y.declared_sharding == made
         np.testing.assert_array_equal(np.asarray(y.on(device)), data, strict=True)
+
+
+@pytest.mark.parametrize("broken", ["absent", "raises"])
+def test_without_jaxs_array_constructor_each_constant_keeps_the_buffer_jax_made(monkeypatch, broken):
+    # `_compat.shared_sharding` rewraps a constant's buffer with one sharding object per device
+    # through private `ArrayImpl`; absent or refusing, each buffer keeps the object
+    # `jax.device_put` gave it (one per call, on every supported JAX: the day that changes, this
+    # count says the workaround can go): correct values, uncommitted, one transfer each.
+    def refuse(*args, **kwargs):
+        raise TypeError("a changed constructor")
+
+    monkeypatch.setattr(_compat, "ArrayImpl", None if broken == "absent" else refuse)
+    data = [unique_data((4, 4)) for _ in range(3)]
+    consts = [FrozenConst(d) for d in data]
+    buffers = [jnp.asarray(c) for c in consts]
+    assert len({id(b.sharding) for b in buffers}) == 3
+    for c, b, d in zip(consts, buffers, data, strict=True):
+        assert not b.committed and jnp.asarray(c) is b
+        np.testing.assert_array_equal(np.asarray(b), d)
+    monkeypatch.undo()
+    assert _compat.ArrayImpl is not None  # found on every supported JAX
