@@ -94,8 +94,7 @@ def parse_shape(spec: str) -> Any:
             f"unknown dtype {name!r} in {spec!r}; write a JAX dtype such as float32, bf16 or int32"
         ) from err
     shape = tuple(int(d) for d in dims.replace(" ", "").split(",") if d)
-    struct: Any = jax.ShapeDtypeStruct(shape, dtype)  # type: ignore[no-untyped-call,unused-ignore]
-    return struct
+    return jax.ShapeDtypeStruct(shape, dtype)  # type: ignore[no-untyped-call,unused-ignore]
 
 
 def _import(where: str) -> ModuleType:
@@ -142,8 +141,7 @@ def _resolve(qualified: str, module: ModuleType | None) -> tuple[Callable[..., A
         obj = getattr(obj, part)
     if not callable(obj):
         _fail(EXIT_LOAD, f"{qualified} is not a function but of type {type(obj).__name__}")
-    fun: Callable[..., Any] = obj
-    return fun, owner
+    return obj, owner
 
 
 def _example_arguments(factory: Callable[..., Any], qualified: str) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -22,9 +22,6 @@ from ._refusals import refused_as_array
 
 Kind = Literal["numpy", "jax", "frozenconst"]
 
-# Constants up to `EMBED_MAX_BYTES` are not worth a line of advice: cheaper embedded than
-# passed, as every jit embeds a FrozenConst that small (`_hoist`).
-
 
 @dataclasses.dataclass(frozen=True)
 class CapturedConstant:
@@ -89,6 +86,8 @@ class CapturedConstant:
         """What is wrong with this constant, each with its fix."""
         found: list[str] = []
         if self.nbytes <= EMBED_MAX_BYTES:
+            # Not worth a line of advice: cheaper embedded than passed, as every jit embeds a
+            # FrozenConst that small (`_hoist`).
             return found
         if self.kind == "numpy":
             found.append(
@@ -161,12 +160,11 @@ class AuditReport:
 
     def lines(self) -> list[str]:
         """One line per problem: `kind shape dtype (size) at place: problem; fix`."""
-        out: list[str] = []
-        for c in self.constants:
-            for problem in c.problems(self.pipeline):
-                out.append(
-                    f"{c.kind} {c.dtype}{list(c.shape)} ({human_bytes(c.nbytes)}) at {c.first_use}: {problem}"
-                )
+        out = [
+            f"{c.kind} {c.dtype}{list(c.shape)} ({human_bytes(c.nbytes)}) at {c.first_use}: {problem}"
+            for c in self.constants
+            for problem in c.problems(self.pipeline)
+        ]
         for group in _duplicate_groups(self.constants):
             if len(group) > 1:
                 c = group[0]
@@ -193,18 +191,14 @@ class AuditReport:
         simplified = _duplicate_bytes(self.constants, "simplified")
         if simplified != self.duplicate_bytes:  # NumPy constants, embedded here, copied per use there
             duplicated += f" ({human_bytes(simplified)} under JAX's simplified constant pipeline)"
-        rows.append(
+        rows += [
             f"{len(self.constants)} constant(s), {human_bytes(self.total_bytes)} in total, "
-            f"{duplicated}; JAX constant pipeline: {self.pipeline}"
-        )
-        rows.append(
+            f"{duplicated}; JAX constant pipeline: {self.pipeline}",
             "* copies: device copies JAX makes under its simplified constant pipeline "
-            "(JAX's default from 0.12.1)"
-        )
-        rows.append(
+            "(JAX's default from 0.12.1)",
             "** program: what any jit compiling this function makes of it (jax.jit, a library's, "
-            "frozenconst.jit alike): a parameter, embedded data, or copied per use"
-        )
+            "frozenconst.jit alike): a parameter, embedded data, or copied per use",
+        ]
         problems = self.lines()
         rows += ["", "Problems:" if problems else "No problems found."] + [f"- {p}" for p in problems]
         return "\n".join(rows)

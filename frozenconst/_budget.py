@@ -20,7 +20,7 @@ import numbers
 import threading
 import weakref
 from collections.abc import Generator, Mapping
-from typing import Any, TypeAlias
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,10 +29,6 @@ from ._cache import STATE, Store
 from ._compat import Device
 from ._errors import FrozenConstRuntimeError, FrozenConstTypeError, FrozenConstValueError
 from ._host import human_bytes
-
-# A budget as a user gives it: bytes (an int), a fraction of each device's memory (a float in
-# (0, 1]), or None (no budget).
-Limit: TypeAlias = "int | float | None"
 
 
 class DeviceBudget:
@@ -45,17 +41,15 @@ class DeviceBudget:
         self.limit = limit
         self.lock = threading.RLock()
         # Each device's limit in bytes, where `limit` is a fraction of its memory.
-        self._limits: dict[Any, int] = {}
+        self._limits: dict[Device, int] = {}
 
     def bytes_on(self, device: Device) -> int:
         """The budget on `device`, in bytes."""
         if isinstance(self.limit, int):
             return self.limit
-        key: Any = device
-        found = self._limits.get(key)
-        if found is None:
-            found = self._limits[key] = int(self.limit * _memory_of(device))
-        return found
+        if device not in self._limits:
+            self._limits[device] = int(self.limit * _memory_of(device))
+        return self._limits[device]
 
     def make_room(self, store: Store | None, incoming: Mapping[Device, int], strict: bool = True) -> None:
         """Evict the least recently used constants' device buffers (never `store`'s) until
@@ -71,11 +65,8 @@ class DeviceBudget:
                         '`FrozenConst(a, residency="host")`.'
                     )
             held = held_bytes(store)
-            over = {
-                d: held.get(d, 0) + n - self.bytes_on(d)
-                for d, n in incoming.items()
-                if held.get(d, 0) + n > self.bytes_on(d)
-            }
+            over = {d: held.get(d, 0) + n - self.bytes_on(d) for d, n in incoming.items()}
+            over = {d: n for d, n in over.items() if n > 0}
             if not over:
                 return
             freed = _evict(store, over)
@@ -96,9 +87,7 @@ class DeviceBudget:
 
 
 def _what(store: Store | None) -> str:
-    if store is None:
-        return "A constant"
-    return f"FrozenConst {store.dtype}{list(store.shape)}"
+    return "A constant" if store is None else f"FrozenConst {store.dtype}{list(store.shape)}"
 
 
 def held_bytes(holding: Store | None = None) -> dict[Device, int]:
@@ -140,7 +129,11 @@ def _evict(keep: Store | None, over: dict[Device, int]) -> set[Device]:
         ]
         if not found:
             continue
-        dropped = _release(store, found)
+        # For each buffer dropped from the cache: its key, a weak reference that tells whether
+        # it went, and what it frees, by device and address.
+        dropped = [(made, weakref.ref(array), _pieces(array)) for made, array in found]
+        for made, _, _ in dropped:
+            store.release(made)
         del found  # the last strong references: from now on only what holds them elsewhere
         # Programs holding them let go (JAX compiles them again at their next call). A buffer still
         # held elsewhere is cached again below, the same buffer: nothing else need let go of it.
@@ -166,18 +159,6 @@ def _evict(keep: Store | None, over: dict[Device, int]) -> set[Device]:
                 over[device] -= nbytes
                 freed.add(device)
     return freed
-
-
-def _release(
-    store: Store, found: list[tuple[Any, jax.Array]]
-) -> list[tuple[Any, weakref.ref[jax.Array], list[tuple[Any, int, int]]]]:
-    """Drop `found` (keys in `store._made`, buffers) from the cache: for each, its key, a weak
-    reference that tells whether it went, and what it frees, by device and address."""
-    dropped = []
-    for made, array in found:
-        dropped.append((made, weakref.ref(array), _pieces(array)))
-        store.release(made)
-    return dropped
 
 
 def _drain(devices: set[Device]) -> None:
@@ -292,7 +273,4 @@ def device_budget(limit: int | float | None) -> Generator[None, None, None]:
     try:
         yield
     finally:
-        if previous is None:
-            STATE.budget = None
-        else:
-            set_device_budget(previous.limit)
+        set_device_budget(None if previous is None else previous.limit)

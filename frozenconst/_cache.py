@@ -43,7 +43,7 @@ from ._errors import FrozenConstWarning
 from ._fingerprint import fingerprint
 from ._frames import origin_module, user_stacklevel, warn_degraded
 from ._host import human_bytes
-from ._host_memory import PAGEABLE, HostCopy, HostMemory, Residency, Resident, host_copy, residency_choice
+from ._host_memory import PAGEABLE, HostMemory, Residency, Resident, host_copy, residency_choice
 from ._targets import Target, as_sharding
 
 _REPR_MAX_ELEMENTS = 64
@@ -53,13 +53,9 @@ _REPR_MAX_ELEMENTS = 64
 def _default_device(setting: Any) -> Device:
     # As `jax.device_put(x)` picks one: the `jax_default_device` setting (a device or a platform
     # name), else the default backend's first. Cached: a process's devices never change.
-    device: Device
-    if setting is None:
-        device = jax.local_devices()[0]
-    elif isinstance(setting, str):
-        device = jax.local_devices(backend=setting)[0]
-    else:
-        device = setting
+    if isinstance(setting, str):
+        setting = jax.local_devices(backend=setting)[0]
+    device: Device = jax.local_devices()[0] if setting is None else setting
     return device
 
 
@@ -163,11 +159,7 @@ class LiveStores:
             if ref() is None:
                 continue  # died since it was taken out: its `gone` found nothing to remove
             self.filed[ref] = key
-            bucket = self.buckets.get(key)
-            if bucket is None:
-                self.buckets[key] = {ref: None}
-            else:
-                bucket[ref] = None
+            self.buckets.setdefault(key, {})[ref] = None
 
     def __iter__(self) -> Iterator[Store]:
         with self.lock:
@@ -235,10 +227,7 @@ class _State:
         # Whether cache hits are counted (`frozenconst.set_accounting`).
         self.accounting = True
         # Counts carried over from constants that have been garbage-collected.
-        self.retired_hits = 0
-        self.retired_transfers = 0
-        self.retired_evictions = 0
-        self.retired_retransfers = 0
+        self.retired_hits = self.retired_transfers = self.retired_evictions = self.retired_retransfers = 0
         # The device budget in force (`frozenconst.set_device_budget`), or None.
         self.budget: Budget | None = None
         # Every live store, for `frozenconst.stats()`, the audit's kind lookup and finding a
@@ -274,19 +263,6 @@ def in_device_memory(array: jax.Array) -> bool:
 def set_accounting(enabled: bool) -> None:
     """Count cache hits (the default), or not. Transfers and bytes are always accounted."""
     STATE.accounting = bool(enabled)
-
-
-def dtype_words(host_dtype: np.dtype[Any]) -> str:
-    """The dtypes a `repr` shows: `dtype=` what JAX computes with, `host_dtype=` where the host's differs."""
-    dtype = held_dtype(host_dtype)
-    return f"dtype={dtype}" if dtype == host_dtype else f"dtype={dtype}, host_dtype={host_dtype}"
-
-
-# The key of a use of a constant in `Store.served`: its declared sharding (None: the
-# default device), the `jax_default_device` setting, the x64 flag; for the default
-# placement of a constant whose device dtype x64 does not change, the setting alone
-# (`Store._by_device`). Several keys can resolve to one device buffer. `Store.array`
-# builds it, inlined there (the one place).
 
 
 def _weakly_typed(array: jax.Array) -> jax.Array:
@@ -347,9 +323,7 @@ def owner_of(leaf: object) -> Use | None:
     """The store and declared sharding whose cached array `leaf` is (the very object), if any."""
     ref = OWNER_REFS.get(id(leaf))
     store: Store | None = None if ref is None else ref()
-    if store is None:
-        return None
-    return store.sharding_of(leaf)
+    return None if store is None else store.sharding_of(leaf)
 
 
 def live_twin(store: Store) -> Store | None:
@@ -400,10 +374,6 @@ class Store:
         "weak",
     )
 
-    # What the host holds for transfers besides `_host` (`_host_memory`: pageable or pinned).
-    memory: HostCopy
-    # The content digest (`fingerprint`), computed on first request, or given at construction.
-    _fingerprint: str | None
     # A constant with host data (`_derived.Derived` is not).
     concrete = True
     # What a derived value is served from (`_derived.Derived.leaf`); a constant has none.
@@ -421,11 +391,10 @@ class Store:
     ) -> None:
         # `host_memory` (validated, `_host_memory.host_memory_choice`) says what the host holds
         # for transfers besides the frozen `host` (a constant's own copy, or a loaded constant's
-        # read-only map of its file); `weak`: it holds a Python scalar, weakly typed as
-        # `jnp.asarray` types one; `residency` (`_host_memory.residency_choice`): "host" keeps
-        # its buffers in page-locked host memory, moved to the device at each use; `digest`:
-        # `host`'s fingerprint, where the caller has just hashed it (a loaded constant's,
-        # checked against its manifest).
+        # read-only map of its file); `weak`: as `_setup` says; `residency`
+        # (`_host_memory.residency_choice`): "host" keeps its buffers in page-locked host memory,
+        # moved to the device at each use; `digest`: `host`'s fingerprint, where the caller has
+        # just hashed it (a loaded constant's, checked against its manifest).
         self._setup(host.shape, host.dtype)
         self._host = host
         self.memory = host_copy(host_memory, residency, host)
@@ -438,6 +407,7 @@ class Store:
         self.dtype: np.dtype[Any] = dtype
         # `device_dtype()` under x64 off and on, each found on first need.
         self.device_dtypes: list[np.dtype[Any] | None] = [None, None]
+        # What the host holds for transfers besides `_host` (`_host_memory`: pageable or pinned).
         self.memory = PAGEABLE
         # The module whose code made the constant (a library's, for its tables), which the
         # warnings about it name, so that a library can filter those of its own constants with
@@ -450,33 +420,31 @@ class Store:
         # programs then embed it rather than hold a buffer the next donation deletes (`_hoist`).
         self.volatile = False
         self._lock = threading.Lock()
-        self._fingerprint = None
+        self._fingerprint = None  # given at construction, or computed on first request
         # Accounting (`frozenconst.stats()`): uses served from the cache, and
         # host-to-device transfers made (one per device buffer filled from the host).
-        self.hits = 0
-        self.transfers = 0
+        self.hits = self.transfers = 0
         # What a device budget did to it: buffers evicted, and transfers of a placement evicted
         # before (`evicted`, its keys in `_made`); and when it was last used (`_CLOCK`).
-        self.evictions = 0
-        self.retransfers = 0
+        self.evictions = self.retransfers = 0
         self.evicted: set[tuple[Sharding | None, Device | None, np.dtype[Any]]] = set()
         self.used = 0
         # The ids of this store's cached arrays, and the weak reference `OWNERS` holds for each.
         self.owned: set[int] = set()
         self.owner = OWNERS.reference(self, self.owned)
-        # What each use gets, one dict lookup: keyed as the note above `_weakly_typed` says, except the
-        # default placement where x64 does not change the device dtype (`_by_device`).
+        # What each use gets, one dict lookup, keyed by its declared sharding (None: the default
+        # device), the `jax_default_device` setting and the x64 flag, or by the setting alone for
+        # the default placement where x64 does not change the device dtype (`_by_device`).
+        # Several keys can resolve to one device buffer; `array` builds the key inline.
         self.served: dict[Any, jax.Array] = {}
-        # `served[None]`, where there is one: the default placement's buffer while
-        # `jax_default_device` is unset, the use nearly every program makes. The hit
-        # that `FrozenConst.__jax_array__` inlines reads this slot
-        # instead of the dict (`_serve` keeps the two in step): the lookup was a
-        # third of what a hit cost beyond the one-slot floor.
+        # `served[None]`, where there is one: the default placement's buffer while `jax_default_device`
+        # is unset, the use nearly every program makes. The hit that `FrozenConst.__jax_array__` inlines
+        # reads this slot instead of the dict (`_serve` keeps the two in step): the lookup was a third
+        # of what a hit cost beyond the one-slot floor.
         self.hot: jax.Array | None = None
-        # Whether the default placement is served under the `jax_default_device`
-        # setting alone: where x64 does not change the device dtype (float32 is
-        # the same buffer under both settings), the x64 read and the tuple key
-        # were a measurable part of a hit for nothing (`python -m benchmarks
+        # Whether the default placement is served under the `jax_default_device` setting alone: where
+        # x64 does not change the device dtype (float32 is the same buffer under both settings), the x64
+        # read and the tuple key were a measurable part of a hit for nothing (`python -m benchmarks
         # compare`, rows "cache hit ...: ratio to the one-slot floor").
         self._by_device = self.home is None and not follows_x64(dtype)
         # (declared sharding or None, default device or None, device dtype) -> array:
@@ -522,16 +490,6 @@ class Store:
         """Where its buffers live between uses: "device", or "host" (page-locked, moved in by each use)."""
         return "host" if self.memory.streams else "device"
 
-    def in_residency(self, residency: Residency) -> Store:
-        """The store of `FrozenConst(x, residency=...)`: this one where it resides there, else one
-        sharing its frozen NumPy copy."""
-        if residency == self.residency:
-            return self
-        # (A device-resident constant made from a host-resident one keeps no page-locked copy
-        # unless `host_memory="pinned"` asks for one.)
-        what = f"FrozenConst(x, residency={residency!r})"
-        return Store(self.whole(what), "pageable", weak=self.weak, residency=residency)
-
     def in_host_memory(self, host_memory: HostMemory) -> Store:
         """The store of `FrozenConst(x, host_memory=...)`: this one where it holds that kind (`auto`:
         either), else one sharing its frozen NumPy copy."""
@@ -572,19 +530,26 @@ class Store:
             return Store(frozen_copy(host, dtype, "the `FrozenConst` it received"), choice, residency=resides)
         if dtype is not None and self.weak:
             return Store(self.host, choice, residency=resides)
-        store = self if resides == self.residency else self.in_residency(resides)
+        store = self
+        if resides != self.residency:
+            # Sharing its frozen NumPy copy. (A device-resident constant made from a host-resident
+            # one keeps no page-locked copy unless `host_memory="pinned"` asks for one.)
+            what = f"FrozenConst(x, residency={resides!r})"
+            store = Store(self.whole(what), "pageable", weak=self.weak, residency=resides)
         return store if host_memory is None else store.in_host_memory(choice)
 
     def describe(self) -> str:
-        """The constant's `repr`: the host values, and the dtype JAX computes with (`dtype_words`)."""
+        """The constant's `repr`: the host values, and the dtype JAX computes with (`dtype=`), with
+        the host's (`host_dtype=`) where it differs."""
         host = self._host
-        dtype = dtype_words(host.dtype)
+        held = held_dtype(host.dtype)
+        dtype = f"dtype={held}" if held == host.dtype else f"dtype={held}, host_dtype={host.dtype}"
         if host.size <= _REPR_MAX_ELEMENTS:
             body = np.array2string(host, separator=", ", prefix="FrozenConst(")
             shape = f", shape={host.shape}" if host.size == 0 else ""
             weak = ", weak_type=True" if self.weak else ""  # as a `jax.Array`'s repr says it
             return f"FrozenConst({body}{shape}, {dtype}{weak})"
-        nbytes = host.size * held_dtype(host.dtype).itemsize  # `x.nbytes`: what JAX holds
+        nbytes = host.size * held.itemsize  # `x.nbytes`: what JAX holds
         return f"FrozenConst(shape={host.shape}, {dtype}, nbytes={human_bytes(nbytes)})"
 
     # -- the device side -------------------------------------------------------
@@ -801,10 +766,8 @@ class Store:
             self.transfers += 1
             return served
         if sharding is None or is_single_device_sharding(sharding):
-            # No `device` argument: uncommitted, like `jnp.asarray(np_array)`.
-            single: jax.Array = (
-                jax.device_put(self.host) if sharding is None else jax.device_put(self.host, sharding)
-            )
+            # Without a sharding (None): uncommitted, like `jnp.asarray(np_array)`.
+            single: jax.Array = jax.device_put(self.host, sharding)
             if not isinstance(single, Tracer):
                 self.transfers += 1
                 self.memory.made(single)

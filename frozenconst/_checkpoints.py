@@ -1,12 +1,9 @@
 """Checkpoints: a model restored in one call, holding the real constants and never their copies.
 
-A checkpoint need not hold a constant (it is data the program loads, not state
-training produces), and a restored model should hold the constant itself, not
-a copy read back from disk. `restore` takes a model built with the real
-constants and the tree a checkpointer restored, and returns the model with the
-restored state and the template's constants. It works on pytrees alone, so it
-serves equinox, flax NNX (whose modules and states are pytrees) and plain
-dicts, without importing any of them.
+A checkpoint need not hold a constant (it is data the program loads, not state training
+produces), and a restored model should hold the constant itself, not a copy read back from disk.
+`restore` works on pytrees alone, so it serves equinox, flax NNX (whose modules and states are
+pytrees) and plain dicts, without importing any of them.
 """
 
 from __future__ import annotations
@@ -82,19 +79,13 @@ def restore(template: _T, restored: Any) -> _T:
     for path, leaf in leaves:
         names = _names(path)
         found = available.pop(names, None)
-        if names in constants:
-            out.append(leaf)
-            # Shapes only: what stands in a constant's place may be its host data (float64
-            # without x64) or a placeholder of the dtype JAX computes with (`x.dtype`).
-            if found is not None and _differs(leaf, found, dtype=False):
-                problems.append(f"`{_show(names)}` is the constant {_describe(leaf)}, {_restored(found)}")
-            continue
-        if found is None:
-            out.append(leaf)
-            continue
-        if _differs(leaf, found):
-            problems.append(f"`{_show(names)}` is {_describe(leaf)} in the template, {_restored(found)}")
-        out.append(found)
+        constant = names in constants
+        out.append(leaf if constant or found is None else found)
+        # A constant's shape only: what stands in its place may be its host data (float64
+        # without x64) or a placeholder of the dtype JAX computes with (`x.dtype`).
+        if found is not None and _differs(leaf, found, dtype=not constant):
+            held = f"the constant {_describe(leaf)}" if constant else f"{_describe(leaf)} in the template"
+            problems.append(f"`{_show(names)}` is {held}, restored: {_describe(found)}")
     # What `restored` holds inside a constant's place (a flax NNX state holds
     # the constant's buffer under `.value`) is the constant's, not extra state.
     extra = [names for names in available if not any(names[: len(c)] == c for c in constants)]
@@ -120,16 +111,10 @@ def _is_constant(leaf: object) -> bool:
 
 
 def _names(path: tuple[Any, ...]) -> _Path:
-    """A key path as the names of its keys (attribute, dict key or index)."""
-    names: list[Hashable] = []
-    for key in path:
-        for field in ("name", "key", "idx"):
-            if hasattr(key, field):
-                names.append(getattr(key, field))
-                break
-        else:  # pragma: no cover - a key type JAX does not have today
-            names.append(str(key))
-    return tuple(names)
+    """A key path as the names of its keys (attribute, dict key or index; else, for a key type JAX
+    does not have today, its `str`)."""
+    fields = ("name", "key", "idx")
+    return tuple(next((getattr(key, f) for f in fields if hasattr(key, f)), str(key)) for key in path)
 
 
 def _show(names: _Path) -> str:
@@ -149,10 +134,6 @@ def _differs(a: object, b: object, dtype: bool = True) -> bool:
     if sa is None or sb is None:
         return False
     return sa != sb if dtype else sa[0] != sb[0]
-
-
-def _restored(x: object) -> str:
-    return f"restored: {_describe(x)}"
 
 
 def _describe(x: object) -> str:

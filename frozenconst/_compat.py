@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import sys
 import types
@@ -14,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 import jax
 import jax.core
 import jax.sharding
-from jax._src import config as _jax_config
 from jax.extend import source_info_util
 
 if TYPE_CHECKING:
@@ -35,8 +35,12 @@ else:
     Device = jax.Device
 
 
-def _state(name: str) -> Any:
-    return getattr(_jax_config, name, None)
+def _private(module: str, name: str) -> Any:
+    """`name` in JAX's private `jax._src.<module>`, or None where this JAX has no such name."""
+    try:
+        return getattr(importlib.import_module(f"jax._src.{module}"), name)
+    except (ImportError, AttributeError):  # pragma: no cover - newer JAX layouts
+        return None
 
 
 class _Setting:
@@ -56,7 +60,7 @@ class _Setting:
 # `X64.value` and `DEFAULT_DEVICE.value` on JAX's state objects where they exist;
 # both honour thread-local contexts such as `jax.default_device(...)`.
 def _setting(state: str, name: str) -> Any:
-    found = _state(state)
+    found = _private("config", state)
     return _Setting(name) if found is None else found
 
 
@@ -100,9 +104,7 @@ def _find_traceback_util() -> Any:
     except ImportError:  # pragma: no cover - newer JAX layouts
         return None
     needed = ("register_exclusion", "_filtering_mode", "_simplified_tb_msg", "UnfilteredStackTrace")
-    if not all(hasattr(traceback_util, name) for name in needed):  # pragma: no cover - newer JAX
-        return None
-    return traceback_util
+    return traceback_util if all(hasattr(traceback_util, name) for name in needed) else None
 
 
 _traceback_util: Any = _find_traceback_util()
@@ -144,11 +146,7 @@ Tracer: type = jax.core.Tracer
 # directly where the buffer is a concrete array, without looking them up by name on each use
 # (`_frozen._forward_binary`). Fallback: None, so `jax.Array`'s names only (the API its stubs
 # declare), and operators that look their function up by name.
-ArrayImpl: type | None
-try:
-    from jax._src.array import ArrayImpl
-except ImportError:  # pragma: no cover - newer JAX layouts
-    ArrayImpl = None
+ArrayImpl: type | None = _private("array", "ArrayImpl")
 
 
 # The public attributes a `jax.Array` answers: `jax.Array`'s, its instances' class's,
@@ -164,21 +162,12 @@ def array_attributes(tracers: bool = True) -> frozenset[str]:
 
 
 # The tracers of JAX's autodiff, so that a FrozenConst can be a constant to it
-# (`FrozenConst.tree_unflatten` stops their gradient) without changing the
-# programs of any other transformation: private `jax._src.interpreters.ad`'s
-# `JVPTracer` and `LinearizeTracer` (jax 0.8.1 to
-# 0.12). Without them, every tracer (the same gradients, with a
-# `stop_gradient` in every traced program that takes a FrozenConst).
-def _find_ad_tracers() -> tuple[type, ...]:
-    try:
-        from jax._src.interpreters import ad
-    except ImportError:  # pragma: no cover - newer JAX layouts
-        return (Tracer,)
-    found = tuple(t for t in (getattr(ad, "JVPTracer", None), getattr(ad, "LinearizeTracer", None)) if t)
-    return found if len(found) == 2 else (Tracer,)
-
-
-DIFFERENTIATED: tuple[type, ...] = _find_ad_tracers()
+# (`FrozenConst.tree_unflatten` stops their gradient) without changing the programs of any other
+# transformation: private `jax._src.interpreters.ad`'s `JVPTracer` and `LinearizeTracer` (jax 0.8.1
+# to 0.12). Without them, every tracer (the same gradients, with a `stop_gradient` in every traced
+# program that takes a FrozenConst).
+_AD_TRACERS = (_private("interpreters.ad", "JVPTracer"), _private("interpreters.ad", "LinearizeTracer"))
+DIFFERENTIATED: tuple[type, ...] = _AD_TRACERS if all(_AD_TRACERS) else (Tracer,)
 
 
 # --- FrozenConst's type where JAX asks for it (`core.typeof`) ---
@@ -308,11 +297,7 @@ def _offers_pinned_host(device: Any) -> bool:
 # `jax._src.core.trace_state_clean()`, False while `jit`, `grad`, `vmap`, `scan` trace (jax
 # 0.8.1 to 0.12). Fallback: "not tracing", so indexing moves the whole constant to the
 # device first, then indexes it: the same values, more device memory.
-_trace_state_clean: Callable[[], bool] | None
-try:
-    from jax._src.core import trace_state_clean as _trace_state_clean
-except ImportError:  # pragma: no cover - every supported JAX has it
-    _trace_state_clean = None
+_trace_state_clean: Callable[[], bool] | None = _private("core", "trace_state_clean")
 
 
 def tracing() -> bool:
@@ -320,14 +305,28 @@ def tracing() -> bool:
     return _trace_state_clean is not None and not _trace_state_clean()
 
 
+# The three rewraps below of a concrete array's device buffers (no copy), which no public call
+# makes. Private: `jax._src.array.ArrayImpl(aval, sharding, buffers, committed=...)` (the class
+# `ArrayImpl` above; jax 0.8.1 to 0.12, on one device and two). Fallback: None, then each caller's.
+def _rewrapped(array: Any, sharding: Any, committed: bool, weak: bool = False) -> Any | None:
+    """`array`'s buffers over `sharding`, `committed`, (`weak`) weakly typed; None where JAX cannot."""
+    if ArrayImpl is None:
+        return None
+    try:
+        if not weak:
+            return ArrayImpl(array.aval, sharding, [array], committed=committed)
+        shards = [shard.data for shard in array.addressable_shards]
+        return ArrayImpl(array.aval.update(weak_type=True), sharding, shards, committed=committed)
+    except Exception:  # a changed private constructor: any failure means "cannot"
+        return None
+
+
 # A default-device buffer made from a page-locked host buffer must stay uncommitted, as
 # `jnp.asarray(np_array)` is (it follows `jax.default_device` and combines with arrays on any
 # device). `jax.device_put` of a `jax.Array` to a sharding always commits its result
 # (`_device_put_sharding_impl` in jax/_src/dispatch.py), and no public call makes an uncommitted
-# array of an existing buffer. Private: `jax._src.array.ArrayImpl(aval, sharding, [buffer],
-# committed=False)` wraps the same device buffer, uncommitted (jax 0.8.1 to 0.12; the class
-# `ArrayImpl` found above). Fallback: None, and the caller transfers from the NumPy view of the host
-# buffer, which JAX reads as pageable memory (correct, at pageable speed), saying so once.
+# array of an existing buffer. Fallback: None, and the caller transfers from the NumPy view of the
+# host buffer, which JAX reads as pageable memory (correct, at pageable speed), saying so once.
 class _Uncommitted:
     """Whether JAX's private constructor still makes an uncommitted twin: False after its first
     failure, which is not tried again."""
@@ -340,15 +339,10 @@ _UNCOMMITTED = _Uncommitted()
 
 def uncommitted(array: Any) -> Any:
     """`array` (a committed single-device `jax.Array`) uncommitted, over the same buffer; or None."""
-    impl = ArrayImpl
-    if impl is None or not _UNCOMMITTED.works:
+    if ArrayImpl is None or not _UNCOMMITTED.works:
         return None
-    try:
-        made = impl(array.aval, array.sharding, [array], committed=False)
-    except Exception:  # a changed private constructor: any failure means "cannot"
-        _UNCOMMITTED.works = False
-        return None
-    if made.committed or made.unsafe_buffer_pointer() != array.unsafe_buffer_pointer():  # pragma: no cover
+    made = _rewrapped(array, array.sharding, committed=False)
+    if made is None or made.committed or made.unsafe_buffer_pointer() != array.unsafe_buffer_pointer():
         _UNCOMMITTED.works = False
         return None
     return made
@@ -363,10 +357,8 @@ def uncommitted(array: Any) -> Any:
 # jax 0.10.2, simplified pipeline, where closed-over arrays are parameters; `python -m benchmarks
 # anyjit` shows it as closed-over FrozenConsts against closed-over `jax.Array`s: 1.07x to 1.13x
 # with an object each, 0.93x to 1.00x with one shared, CPU and TPU v5e). No public call gives an
-# existing buffer another sharding object without committing it. Private:
-# `jax._src.array.ArrayImpl(aval, sharding, [array], committed=...)` wraps the same buffer (jax
-# 0.8.1 to 0.12; the class `ArrayImpl` above). Fallback: the array as it is (correct, at the
-# dearer per-call check).
+# existing buffer another sharding object without committing it. Fallback: the array as it is
+# (correct, at the dearer per-call check).
 _SHARED_SHARDINGS: dict[Any, Any] = {}
 
 
@@ -380,11 +372,8 @@ def shared_sharding(array: Any) -> Any:
     shared = _SHARED_SHARDINGS.setdefault(sharding, sharding)  # atomic: one object per key
     if shared is sharding:
         return array
-    try:
-        made = ArrayImpl(array.aval, shared, [array], committed=array.committed)
-    except Exception:  # a changed private constructor: any failure means "cannot"
-        return array
-    return made
+    made = _rewrapped(array, shared, committed=array.committed)
+    return array if made is None else made
 
 
 # The Python scalar types JAX types weakly (`jnp.asarray(0.5)`, `jnp.asarray(3)`, not
@@ -399,23 +388,13 @@ WEAK_TYPES = (int, float, complex)
 # parameters, `core.typeof`). `jax.device_put` of NumPy data makes a strong array, and no
 # public call marks an existing array weak (`jax.device_put(0.5)` is weak but takes the
 # dtype of the Python scalar under the x64 setting now, which can differ from the
-# constant's). Private: `jax._src.array.ArrayImpl(aval.update(weak_type=True), sharding,
-# per-device buffers, committed=...)` wraps the same device buffers (the class `ArrayImpl`
-# above; jax 0.8.1 to 0.12, on one device and two). Fallback:
-# the strong array (the promotion of `jnp.asarray(np.float32(0.5))`), said once.
+# constant's). Fallback: the strong array (the promotion of `jnp.asarray(np.float32(0.5))`),
+# said once.
 def weakly_typed(array: Any) -> Any | None:
     """`array` (a concrete `jax.Array`) marked weakly typed, over the same device buffers; None
     where this JAX cannot."""
-    if ArrayImpl is not None:
-        try:
-            shards = [shard.data for shard in array.addressable_shards]
-            aval = array.aval.update(weak_type=True)
-            made = ArrayImpl(aval, array.sharding, shards, committed=array.committed)
-        except Exception:  # a changed private constructor: any failure means "cannot"
-            made = None
-        if made is not None and made.weak_type:
-            return made
-    return None  # pragma: no cover - every supported JAX takes it
+    made = _rewrapped(array, array.sharding, array.committed, weak=True)
+    return made if made is not None and made.weak_type else None
 
 
 # The concrete mesh set by `jax.set_mesh` (or, before jax 0.7.2, by the
@@ -429,11 +408,7 @@ def weakly_typed(array: Any) -> Any | None:
 # (`include_in_jit_key`), so reading it while tracing is safe: the program is
 # cached per mesh. Fallback where neither exists: no mesh, so a bare
 # PartitionSpec is refused with an error that names `NamedSharding(mesh, spec)`.
-_concrete_mesh: Callable[[], Any] | None
-try:
-    from jax._src.mesh import get_concrete_mesh as _concrete_mesh
-except ImportError:  # pragma: no cover - every supported JAX has it
-    _concrete_mesh = None
+_concrete_mesh: Callable[[], Any] | None = _private("mesh", "get_concrete_mesh")
 
 
 def active_mesh() -> Any:

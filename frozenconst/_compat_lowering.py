@@ -516,12 +516,11 @@ def rewire_hoisted(lowering: Any, inputs: list[int]) -> bool:
         with ir.InsertionPoint(block):
             given = list(block.arguments)
             position = {old: new for new, old in enumerate(kept)}
-            operands = []
-            for i in range(len(types)):
-                if i in position:
-                    operands.append(given[position[i]])
-                else:  # hoisted constant `i - first`: the program's array input carrying it
-                    operands.append(given[first + inputs[i - first]])
+            # In hoisted constant `i - first`'s place, the program's array input carrying it.
+            operands = [
+                given[position[i]] if i in position else given[first + inputs[i - first]]
+                for i in range(len(types))
+            ]
             call = _func.CallOp(list(main.type.results), ir.FlatSymbolRefAttr.get(name), operands)
             _func.ReturnOp(call.results)
     _strip_hoisted(lowering, len(hoisted))

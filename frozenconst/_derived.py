@@ -62,28 +62,19 @@ class Derived:
     volatile = False
 
     # Served from `leaf`, never from a cache slot (`Store.hot`), whose hit checks what a cached
-    # buffer can lose. Only `leaf` is set where one is made (`copy_record`); `copy_store` on request.
+    # buffer can lose: so no hit is ever counted. Only `leaf` is set where one is made
+    # (`copy_record`); `copy_store` on request.
     hot: None = None
+    hits = 0
     leaf: Any
     copy_store: Store | None
 
     @property
-    def hits(self) -> int:
-        """0: a derived value holds no cache to hit."""
-        return 0
-
-    @hits.setter
-    def hits(self, value: int) -> None:
-        """Not counted: a derived value is used as its leaf, from no cache."""
-
-    @property
     def shape(self) -> tuple[int, ...]:
-        """The leaf's shape."""
         return tuple(self.leaf.shape)
 
     @property
     def dtype(self) -> np.dtype[Any]:
-        """The leaf's dtype."""
         dtype: np.dtype[Any] = np.dtype(self.leaf.dtype)
         return dtype
 
@@ -108,26 +99,19 @@ class Derived:
         return store
 
     def whole(self, what: str) -> np.ndarray[Any, Any]:
-        """The frozen copy's host buffer."""
         return self.frozen().host
 
     @property
     def fingerprint(self) -> str:
-        """The frozen copy's digest."""
         return self.frozen().fingerprint
 
     def constant(self, what: str) -> Store:
-        """Refused: `what` needs the constant itself."""
         raise FrozenConstTypeError(
             f"`{what}` needs the constant itself, but this FrozenConst is a value derived from "
-            f"one ({self.describe_leaf()}): what a transformation, a jitted function's output or "
+            f"one ({describe_leaf(self.leaf)}): what a transformation, a jitted function's output or "
             "an optimizer put in a constant's place. Call it on the original constant, and keep "
             "constants out of what you train and return (docs: Training)."
         )
-
-    def describe_leaf(self) -> str:
-        """What the leaf is, in words, without its data: kind, dtype, shape and size."""
-        return describe_leaf(self.leaf)
 
     def remade(
         self,
@@ -142,7 +126,6 @@ class Derived:
         return Store(host, choice, residency=residency or "device")
 
     def describe(self) -> str:
-        """The derived value's `repr`."""
         return f"FrozenConst(derived from {self.leaf!r})"
 
     def arrays(self) -> list[jax.Array]:
@@ -187,13 +170,8 @@ _ADVICE = {
     "": "Where an array is meant, pass `jnp.asarray(x)` (the constant's buffer, no copy); where "
     "training maps over parameters, keep constants out with `frozenconst.partition`.",
 }
-_WHO = {
-    "optax": "optax",
-    "equinox": "equinox",
-    "flax": "flax",
-    "jit": "A jitted function",
-    "": "A JAX function of pytrees",
-}
+# Who put the copy there, by the same key; any other library by its name.
+_WHO = {"jit": "A jitted function", "": "A JAX function of pytrees"}
 
 
 def copy_record(leaf: Any) -> Derived:
@@ -252,19 +230,9 @@ def buffer_owner(value: object) -> Store | Derived | None:
     return None
 
 
-class _NoLeaf(Derived):
-    """The record of every FrozenConst rebuilt around `None` (`eqx.partition`'s placeholder, made
-    per frozen array per call): nothing about it is a copy's own, so one serves all."""
-
-    __slots__ = ()
-
-    def array(self, sharding: Sharding | None = None) -> Any:
-        """None, the leaf."""
-        return None
-
-
-NO_LEAF = _NoLeaf()
-NO_LEAF.leaf = None
+# The record of every FrozenConst rebuilt around `None` (`eqx.partition`'s placeholder, made per
+# frozen array per call): nothing about it is a copy's own, so one serves all.
+NO_LEAF = copy_record(None)
 
 
 class _Told(Said):
@@ -341,7 +309,7 @@ def _tell(told: _Told, caller: types.FrameType, site: tuple[int, int], leaf: Any
         )
         try:
             warnings.warn_explicit(
-                f"{_WHO.get(library) or library or _WHO['']} put a copy of FrozenConst values "
+                f"{_WHO.get(library, library)} put a copy of FrozenConst values "
                 f"({describe_leaf(leaf)}"
                 f"{among}) where the constant was, not the constant's own buffer: a second device buffer, "
                 "and no constant (an optimizer may change it; weight decay does). "

@@ -32,13 +32,9 @@ def _jax_dtypes() -> frozenset[np.dtype[Any]]:
     # Every scalar type that `jax.numpy` exposes (float32, bfloat16, float8_*,
     # int4, ...): a sweep over the namespace rather than a hand-kept list, so a
     # dtype added by a newer JAX is a candidate without a change here.
-    found: set[np.dtype[Any]] = set()
-    for name in dir(jnp):
-        obj = getattr(jnp, name, None)
-        dtype: Any = getattr(obj, "dtype", None)
-        if isinstance(obj, type) and isinstance(dtype, np.dtype):
-            found.add(np.dtype(dtype))
-    return frozenset(found)
+    named = [getattr(jnp, name, None) for name in dir(jnp)]
+    dtypes = [getattr(obj, "dtype", None) for obj in named if isinstance(obj, type)]
+    return frozenset(np.dtype(dtype) for dtype in dtypes if isinstance(dtype, np.dtype))
 
 
 # The dtypes `jax.numpy` names: the candidates. Naming one is not holding it
@@ -85,22 +81,17 @@ def _held_stderr() -> Generator[Callable[[], None]]:
     except OSError:
         yield lambda: None
         return
-    released = False
-
-    def release() -> None:
-        nonlocal released
-        released = True
-
+    released = threading.Event()
     with tempfile.TemporaryFile() as held:
         try:
             sys.stderr.flush()
             os.dup2(held.fileno(), 2)
-            yield release
+            yield released.set
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
-            if released:
+            if released.is_set():
                 held.seek(0)
                 os.write(2, held.read())
 
@@ -236,13 +227,11 @@ def held_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
     return np.dtype(jax.dtypes.canonicalize_dtype(native(dtype)))
 
 
-def _suggestion(dtype: np.dtype[Any]) -> str:
-    category = numeric_kind(dtype)
-    if category == "f":
-        return "float32, bfloat16 or float8_e4m3fn (for example `dtype=np.float32`)"
-    if category == "i":
-        return "int8, int32 or uint8 (for example `dtype=np.int8`)"
-    return "float32, int32, bool or bfloat16"
+# What a refused dtype could be converted to, by `numeric_kind` (anything else: the default).
+_SUGGESTIONS = {
+    "f": "float32, bfloat16 or float8_e4m3fn (for example `dtype=np.float32`)",
+    "i": "int8, int32 or uint8 (for example `dtype=np.int8`)",
+}
 
 
 def check_dtype(dtype: np.dtype[Any], what: str, requested: bool = False) -> None:
@@ -262,9 +251,10 @@ def check_dtype(dtype: np.dtype[Any], what: str, requested: bool = False) -> Non
     else:
         kind = "not a dtype JAX supports"
     subject = "the requested dtype" if requested else "its dtype"
+    suggestion = _SUGGESTIONS.get(numeric_kind(dtype), "float32, int32, bool or bfloat16")
     raise FrozenConstTypeError(
         f"FrozenConst cannot hold {what}: {subject} `{dtype}` is {kind}. "
-        f"Convert it to a numeric dtype that JAX supports, such as {_suggestion(dtype)}."
+        f"Convert it to a numeric dtype that JAX supports, such as {suggestion}."
     )
 
 
@@ -275,12 +265,9 @@ def numeric_kind(dtype: np.dtype[Any]) -> str:
         return "b"
     if dtype.fields is not None or (dtype.kind in "OUSaVmM" and dtype.type.__module__ == "numpy"):
         return ""
-    if jnp.issubdtype(dtype, jnp.integer):
-        return "i"
-    if jnp.issubdtype(dtype, jnp.floating):
-        return "f"
-    if jnp.issubdtype(dtype, jnp.complexfloating):
-        return "c"
+    for kind, numbers in (("i", jnp.integer), ("f", jnp.floating), ("c", jnp.complexfloating)):
+        if jnp.issubdtype(dtype, numbers):
+            return kind
     return _ml_dtypes_kind(dtype)  # a type this JAX's `jnp` does not know
 
 

@@ -42,6 +42,7 @@ PROGRAM = "program.jaxexport"
 _KIND = "frozenconst.export"
 
 PathLike = str | os.PathLike[str]
+_Inputs = tuple[tuple[FrozenConst, np.dtype[Any]], ...]
 # Untyped in JAX's stubs: bound once, typed.
 _STRUCT: Callable[..., Any] = jax.ShapeDtypeStruct
 _SPEC: Callable[..., Any] = jax.sharding.PartitionSpec
@@ -72,19 +73,18 @@ class Exported:
         self.program = program
         self.constants = constants
         self.embedded = embedded
-        self._dtypes = _constant_dtypes(program, constants)
+        self._inputs = _inputs(program, constants)
         # The constants' buffers the program was traced with, which its derivatives' programs
         # (`vjp_order`) read too: each wired to its constant input when those are exported.
         self._buffers = buffers
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _call(self.program, self.constants, self._dtypes, args, kwargs)
+        return _call(self.program, self._inputs, args, kwargs)
 
     def __repr__(self) -> str:
-        total = sum(c.nbytes for c in self.constants)
         return (
             f"frozenconst.Exported({self.program.fun_name}, {len(self.constants)} constant(s), "
-            f"{human_bytes(total)} kept out)"
+            f"{human_bytes(sum(c.nbytes for c in self.constants))} kept out)"
         )
 
     def save(self, path: PathLike, *, constants: PathLike | None = None, vjp_order: int = 0) -> pathlib.Path:
@@ -140,7 +140,8 @@ class Exported:
                     {"kind": k, "array": a, "bytes": n, "line": line} for k, a, n, line in self.embedded
                 ],
             }
-            made = _make_dir(directory)
+            made = [d for d in (directory, *directory.parents) if not d.exists()]
+            directory.mkdir(parents=True, exist_ok=True)
             try:
                 _check_replaceable(directory, store)
                 store.mkdir(parents=True, exist_ok=True)
@@ -148,7 +149,7 @@ class Exported:
                     _write_blob(store / entry["file"], constant)
                 _commit(directory, program, (json.dumps(manifest, indent=1) + "\n").encode())
             except BaseException:
-                for created in reversed(made):  # what this save made and left empty
+                for created in made:  # what this save made and left empty, innermost first
                     with contextlib.suppress(OSError):
                         created.rmdir()
                 raise
@@ -188,31 +189,25 @@ class Loaded:
         self.program = program
         self.constants = constants
         self.path = path
-        self._dtypes = _constant_dtypes(program, constants)
+        self._inputs = _inputs(program, constants)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _call(self.program, self.constants, self._dtypes, args, kwargs)
+        return _call(self.program, self._inputs, args, kwargs)
 
     def __repr__(self) -> str:
         count = len(self.constants)
         return f"frozenconst.Loaded({self.program.fun_name}, {count} constant(s), from {self.path})"
 
 
-def _constant_dtypes(program: Any, constants: tuple[FrozenConst, ...]) -> tuple[np.dtype[Any], ...]:
-    """The dtypes the program takes its constants in (its first inputs), per its x64 setting."""
-    return tuple(np.dtype(aval.dtype) for aval in program.in_avals[: len(constants)])
+def _inputs(program: Any, constants: tuple[FrozenConst, ...]) -> _Inputs:
+    """Each constant with the dtype the program takes it in (its first inputs), per its x64 setting."""
+    return tuple((c, np.dtype(a.dtype)) for c, a in zip(constants, program.in_avals, strict=False))
 
 
-def _call(
-    program: Any,
-    constants: tuple[FrozenConst, ...],
-    dtypes: tuple[np.dtype[Any], ...],
-    args: Any,
-    kwargs: Any,
-) -> Any:
+def _call(program: Any, inputs: _Inputs, args: Any, kwargs: Any) -> Any:
     # The constants' buffers, as arrays (the program's constant inputs are leaves): passed as
     # arguments, or, inside a trace, closed over and so parameters of that program too.
-    fed = tuple(_fed(c, d) for c, d in zip(constants, dtypes, strict=True))
+    fed = tuple(_fed(c, d) for c, d in inputs)
     try:
         return program.call(fed, *args, **kwargs)
     except ValueError as err:  # JAX's checks of the call, which number the constants args[0]
@@ -298,7 +293,9 @@ def export(
     traced = jax.jit(fun, static_argnums=nums, static_argnames=names).trace(*args_specs, **kwargs_specs)
     constants, embedded = _found(traced.jaxpr, embed_max_bytes)
     values = [c.__jax_array__() for c in constants]
-    specs = tuple(_STRUCT(v.shape, v.dtype, sharding=_sharding_of(v)) for v in values)
+    # A committed buffer's sharding is the program's for that input; an uncommitted one (the
+    # default device, following `jax.default_device`) leaves it to the call, as a plain argument.
+    specs = tuple(_STRUCT(v.shape, v.dtype, sharding=v.sharding if v.committed else None) for v in values)
 
     def g(consts: Any, *args: Any, **kwargs: Any) -> Any:
         del consts  # read at lowering: each constant's buffer is taken from its input
@@ -360,32 +357,23 @@ def _owner(value: Any) -> Use | None:
     return store.sharding_of(value) if isinstance(store, Store) else None
 
 
-def _sharding_of(value: jax.Array) -> Any:
-    # A committed buffer's sharding is the program's for that input; an uncommitted one (the
-    # default device, following `jax.default_device`) leaves it to the call, as a plain argument.
-    return value.sharding if getattr(value, "committed", False) else None
-
-
 def _entry(constant: FrozenConst) -> dict[str, Any]:
     """The manifest's record of a constant: what its file must hold, and where it goes."""
     digest = constant.fingerprint
-    declared = constant.declared_sharding
     return {
         "fingerprint": digest,
         "file": digest.removeprefix("sha256:") + ".npy",
         "dtype": np.dtype(constant.host_dtype).str,
         "shape": list(constant.shape),
-        "sharding": _sharding_record(declared),
+        "sharding": _sharding_record(constant.declared_sharding),
     }
 
 
 def _sharding_record(sharding: jax.sharding.Sharding | None) -> dict[str, Any] | None:
     """The manifest's record of a declared sharding: the mesh's shape, axis names and types and the
     spec, made over the loading process's devices (`jax.make_mesh`); None for one device."""
-    if sharding is None:
-        return None
-    state = _sharding_state(sharding)
-    if state[0] == "single":
+    state = None if sharding is None else _sharding_state(sharding)
+    if state is None or state[0] == "single":
         return None  # a program on one device runs on whichever the call gives it
     if state[0] != "named":
         raise FrozenConstValueError(
@@ -393,17 +381,8 @@ def _sharding_record(sharding: jax.sharding.Sharding | None) -> dict[str, Any] |
             f"Mesh; this one is placed by {state[1]}. Place it with a NamedSharding (`x.placed(...)`)."
         )
     _, _, shape, _, names, types, spec, memory_kind = state
-    return {
-        "mesh": list(shape),
-        "axes": list(names),
-        "types": list(types),
-        "spec": _listed(spec),
-        "memory_kind": memory_kind,
-    }
-
-
-def _listed(value: Any) -> Any:
-    return [_listed(v) for v in value] if isinstance(value, tuple) else value
+    # Tuples, which the manifest's JSON writes as lists.
+    return {"mesh": shape, "axes": names, "types": types, "spec": spec, "memory_kind": memory_kind}
 
 
 def _tupled(value: Any) -> Any:
@@ -456,23 +435,13 @@ def _store_record(directory: pathlib.Path, store: pathlib.Path) -> dict[str, str
     return {"constants_dir": relative}
 
 
-def _make_dir(directory: pathlib.Path) -> list[pathlib.Path]:
-    """Make `directory` and its missing parents; the ones this call made, outermost first."""
-    missing = [d for d in (directory, *directory.parents) if not d.exists()]
-    directory.mkdir(parents=True, exist_ok=True)
-    return missing[::-1]
-
-
 def _check_replaceable(directory: pathlib.Path, store: pathlib.Path) -> None:
     """Refuse a directory that holds someone else's files: a save replaces only its own."""
     names = set(os.listdir(directory))
     if MANIFEST in names:
-        try:
-            ours = json.loads((directory / MANIFEST).read_text()).get("kind") == _KIND
-        except (OSError, ValueError, AttributeError):
-            ours = False
-        if ours:
-            return
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            if json.loads((directory / MANIFEST).read_text()).get("kind") == _KIND:
+                return
         raise FrozenConstValueError(
             f"frozenconst will not replace {directory / MANIFEST}: frozenconst did not write it (or it "
             "is damaged). Save to a new or empty directory, or remove that file."

@@ -11,6 +11,7 @@ is not needed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
@@ -29,10 +30,6 @@ _R = TypeVar("_R")
 
 # What `eqx.is_array` traces: JAX and NumPy arrays, NumPy scalars.
 _ARRAYS = (jax.Array, np.ndarray, np.generic)
-
-
-def _is_frozen(x: Any) -> bool:
-    return isinstance(x, FrozenConst)
 
 
 def _traced_leaf(x: Any) -> bool:
@@ -71,7 +68,6 @@ class Static:
         return (
             isinstance(other, Static)
             and self.treedef == other.treedef
-            and len(self.leaves) == len(other.leaves)
             and all(_same_static(a, b) for a, b in zip(self.leaves, other.leaves, strict=True))
         )
 
@@ -105,23 +101,15 @@ class _Dynamic:
 _DYNAMIC = _Dynamic()
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
 class _Returned:
     """In an output's static half: the FrozenConst the call received at this traced position."""
 
-    __slots__ = ("position",)
-
-    def __init__(self, position: int) -> None:
-        self.position = position
-
-    def __hash__(self) -> int:
-        return hash(self.position)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Returned) and other.position == self.position
+    position: int
 
 
 def _split(tree: Any) -> tuple[list[Any], Static]:
-    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_frozen)
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: isinstance(x, FrozenConst))
     dynamic = [leaf if _traced_leaf(leaf) else None for leaf in leaves]
     static = tuple(_DYNAMIC if _traced_leaf(leaf) else leaf for leaf in leaves)
     return dynamic, Static(treedef, static)
@@ -137,9 +125,7 @@ def _join(dynamic: list[Any], static: Static, received: list[Any]) -> Any:
 
 class FilterJitted(Generic[_P, _R]):
     """A function compiled by [`frozenconst.filter_jit`][frozenconst.filter_jit].
-
-    Call it like the original.
-    """
+    Call it like the original."""
 
     __slots__ = ("__dict__", "__weakref__", "_fun", "_jitted")
 
@@ -183,9 +169,7 @@ class FilterJitted(Generic[_P, _R]):
         return self._jitted.lower(dynamic, static)
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
-        if instance is None:
-            return self
-        return functools.partial(self, instance)
+        return self if instance is None else functools.partial(self, instance)
 
 
 def filter_jit(fun: Callable[_P, _R], /, *, embed_max_bytes: int | None = None) -> FilterJitted[_P, _R]:

@@ -221,26 +221,21 @@ def hide_own_frames(err: BaseException) -> None:
     """Drop frozenconst's frames from `err`'s traceback where JAX dropped its own (or mark them,
     under "tracebackhide"); leave them under "off", or where no JAX boundary filtered `err`."""
     mode = traceback_filtering()
+    entries: list[types.TracebackType] = []
+    tb = err.__traceback__
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
     if mode == "tracebackhide":
         # As JAX marks its own: IPython (and pytest) skip frames holding this local.
-        tb = err.__traceback__
-        while tb is not None:
-            if _own(tb.tb_frame):
-                tb.tb_frame.f_locals["__tracebackhide__"] = True
-            tb = tb.tb_next
+        for entry in entries:
+            if _own(entry.tb_frame):
+                entry.tb_frame.f_locals["__tracebackhide__"] = True
     elif mode in ("remove_frames", "quiet_remove_frames") and jax_filtered(err):
-        err.with_traceback(_without_own(err.__traceback__))
-
-
-def _without_own(tb: types.TracebackType | None) -> types.TracebackType | None:
-    """The traceback less frozenconst's entries; the others keep their own line and position
-    (`tb_lasti`, not the frame's last instruction, which a `finally:` block may have moved on)."""
-    kept: list[types.TracebackType] = []
-    while tb is not None:
-        if not _own(tb.tb_frame):
-            kept.append(tb)
-        tb = tb.tb_next
-    out: types.TracebackType | None = None
-    for entry in reversed(kept):
-        out = types.TracebackType(out, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
-    return out
+        # The others keep their own line and position (`tb_lasti`, not the frame's last
+        # instruction, which a `finally:` block may have moved on).
+        out: types.TracebackType | None = None
+        for entry in reversed(entries):
+            if not _own(entry.tb_frame):
+                out = types.TracebackType(out, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+        err.with_traceback(out)

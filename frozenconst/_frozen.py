@@ -460,15 +460,10 @@ class FrozenConst(_StaticBase):
 
     # -- the host side ---------------------------------------------------------
 
-    def _host(self, what: str) -> np.ndarray[Any, Any]:
-        # A derived value's is a frozen copy of it, made once: no path hands out
-        # memory that JAX or anyone else could still write.
-        return self._held().whole(what)
-
     def __array__(
         self, dtype: DTypeLike | None = None, context: None = None, copy: bool | None = None
     ) -> np.ndarray[Any, Any]:
-        host = self._host("np.asarray(x)")
+        host = self._held().whole("np.asarray(x)")
         if copy:
             return np.array(host, dtype=dtype, copy=True)
         if dtype is None or np.dtype(dtype) == host.dtype:
@@ -501,7 +496,7 @@ class FrozenConst(_StaticBase):
         """
         array = None if dl_device is not None and int(dl_device[0]) == _DL_CPU else self._dlpack_array()
         if array is None:
-            host = self._host("x.__dlpack__()")
+            host = self._held().whole("x.__dlpack__()")
             try:
                 return host.__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
             except BufferError:
@@ -526,7 +521,7 @@ class FrozenConst(_StaticBase):
         GPU's otherwise (`(kDLCUDA, id)` on a CUDA GPU).
         """
         array = self._dlpack_array()
-        exporter = self._host("x.__dlpack_device__()") if array is None else array
+        exporter = self._held().whole("x.__dlpack_device__()") if array is None else array
         device: tuple[int, int] = exporter.__dlpack_device__()
         return device
 
@@ -623,9 +618,6 @@ class FrozenConst(_StaticBase):
             raise TypeError("len() of unsized object")
         return self.shape[0]
 
-    def __iter__(self) -> Iterator[jax.Array]:
-        return iter(self.__jax_array__())
-
     def __contains__(self, value: Any) -> bool:
         """`value in x`, as `value in jnp.asarray(x)`: one comparison on the device where JAX
         has one (jax >= 0.10), not Python's fallback (`__iter__`), element by element."""
@@ -672,6 +664,7 @@ class FrozenConst(_StaticBase):
         def __pos__(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
         def __abs__(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
         def __invert__(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
+        def __iter__(self) -> Iterator[jax.Array]: ...
         def conj(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
         def conjugate(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
         def copy(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
@@ -695,23 +688,6 @@ class FrozenConst(_StaticBase):
         def real(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
         @property
         def imag(self) -> jax.Array: ...  # type: ignore[override, unused-ignore]
-
-    # -- scalar conversions, as `jax.Array` allows them ------------------------
-
-    def __bool__(self) -> bool:
-        return bool(self.__jax_array__())
-
-    def __int__(self) -> int:
-        return int(self.__jax_array__())
-
-    def __float__(self) -> float:
-        return float(self.__jax_array__())
-
-    def __complex__(self) -> complex:
-        return complex(self.__jax_array__())
-
-    def __index__(self) -> int:
-        return self.__jax_array__().__index__()
 
     # -- immutability, identity, pickling --------------------------------------
 
@@ -766,9 +742,9 @@ class FrozenConst(_StaticBase):
             # other half, `jax.tree.map(lambda v: None, tree)`): pickled as that, as the tree
             # would be with a `jax.Array` there.
             return (_placeholder, ())
-        host = self._host("pickle.dumps(x)")
-        sharding = self._declared()
         held = self._held()
+        host = held.whole("pickle.dumps(x)")
+        sharding = self._declared()
         if getattr(held, "residency", "device") == "host":
             # Host-resident again: a constant bigger than the device stays loadable.
             state = None if sharding is None else _sharding_state(sharding)
@@ -795,7 +771,7 @@ class FrozenConst(_StaticBase):
         return sorted(set(super().__dir__()) - _UNLISTED)
 
     # Every other public `jax.Array` attribute and method (`sum`, `reshape`, `T`, `at`,
-    # `sharding`, ...) is a property installed below the class (`_install_forwarded`)
+    # `sharding`, ...) is a property installed below the class (`_install`)
     # that reads it off the cached device buffer.
 
 
@@ -862,9 +838,7 @@ def _rebuild_sharding(state: tuple[Any, ...]) -> jax.sharding.Sharding:
         return single_device_sharding(_find_device(platform, device_id), memory_kind=memory_kind)
     if state[0] == "named":
         _, platform, shape, ids, axis_names, axis_types, spec, memory_kind = state
-        devices = np.empty(len(ids), dtype=object)
-        for i, device_id in enumerate(ids):
-            devices[i] = _find_device(platform, device_id)
+        devices = np.array([_find_device(platform, device_id) for device_id in ids], dtype=object)
         mesh = Mesh(
             devices.reshape(shape),
             axis_names,
@@ -933,15 +907,12 @@ def content_key(x: FrozenConst) -> tuple[str, bool]:
 def derived_leaf(x: object) -> Any | None:
     """The value a FrozenConst holding a derived value holds (a tracer inside a transformation);
     None for a constant or anything else."""
-    if isinstance(x, FrozenConst):
-        if x._sharding is COPY:  # pyright: ignore[reportPrivateUsage]
-            # A copy's array itself, without making its record: `frozenconst.filter_jit` asks
-            # this of every argument and output on every call.
-            return x._store  # pyright: ignore[reportPrivateUsage]
-        held = x._store  # pyright: ignore[reportPrivateUsage]
-        if isinstance(held, Derived):
-            return held.leaf
-    return None
+    if not isinstance(x, FrozenConst):
+        return None
+    # A copy's array itself, without making its record: `frozenconst.filter_jit` asks this of
+    # every argument and output on every call. A constant's store has no leaf (None).
+    held = x._store  # pyright: ignore[reportPrivateUsage]
+    return held if x._sharding is COPY else held.leaf  # pyright: ignore[reportPrivateUsage]
 
 
 def _unwrap(value: Any) -> Any:
@@ -987,21 +958,17 @@ _OPERATORS = [
     *("__pow__", "__rpow__", "__matmul__", "__rmatmul__", "__and__", "__rand__", "__or__", "__ror__"),
     *("__xor__", "__rxor__", "__lshift__", "__rlshift__", "__rshift__", "__rrshift__"),
     *("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"),
-    *("__neg__", "__pos__", "__abs__", "__invert__", "__round__"),
 ]
-
-
-# Those taking other than exactly one operand: `round(x)` and `round(x, 2)`.
-_NOT_BINARY = frozenset({"__neg__", "__pos__", "__abs__", "__invert__", "__round__"})
+# Those taking other than exactly one operand (`round(x)` and `round(x, 2)`), and the scalar
+# conversions and iteration, which `jax.Array` allows as well.
+_NOT_BINARY = [
+    *("__neg__", "__pos__", "__abs__", "__invert__", "__round__"),
+    *("__bool__", "__int__", "__float__", "__complex__", "__index__", "__iter__"),
+]
 
 
 # `x[index]` wherever `FrozenConst.__getitem__` does not read the host data.
 _getitem: Callable[[FrozenConst, Any], jax.Array] = _forward_binary("__getitem__")
-
-
-def _install_operators() -> None:
-    for name in _OPERATORS:
-        setattr(FrozenConst, name, (_forward if name in _NOT_BINARY else _forward_binary)(name))
 
 
 def _forwarded(name: str) -> property:
@@ -1023,7 +990,11 @@ def _refused(name: str) -> property:
     return property(get)
 
 
-def _install_forwarded() -> None:
+def _install() -> None:
+    for name in _OPERATORS:
+        setattr(FrozenConst, name, _forward_binary(name))
+    for name in _NOT_BINARY:
+        setattr(FrozenConst, name, _forward(name))
     # A name FrozenConst defines itself (`shape`, `dtype`, ...) stays its own. A name no
     # JAX array has raises the usual AttributeError; one that the buffer lacks (a tracer's
     # own, on a concrete constant) raises the buffer's, as `getattr(jnp.asarray(x), name)`.
@@ -1034,6 +1005,5 @@ def _install_forwarded() -> None:
             setattr(FrozenConst, name, _forwarded(name))
 
 
-_install_operators()
-_install_forwarded()
+_install()
 _UNLISTED = _REFUSED | (array_attributes() - array_attributes(tracers=False))

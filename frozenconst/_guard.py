@@ -151,7 +151,8 @@ class _NoNumpyConstants(contextlib.ContextDecorator):
 
     def __enter__(self) -> None:
         guard = _Guard(self.max_bytes)
-        if not observe(guard.observer):
+        watching = observe(guard.observer)
+        if not watching:
             warnings.warn(
                 f"frozenconst.no_numpy_constants cannot see the programs jax {jax.__version__} "
                 "compiles (no lowering hook in frozenconst._compat_lowering for this version): "
@@ -159,9 +160,7 @@ class _NoNumpyConstants(contextlib.ContextDecorator):
                 FrozenConstWarning,
                 stacklevel=2,
             )
-            self._open.append(None)
-            return
-        self._open.append(guard)
+        self._open.append(guard if watching else None)
 
     def __exit__(
         self, kind: type[BaseException] | None, raised: BaseException | None, _: object

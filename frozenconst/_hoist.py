@@ -30,7 +30,7 @@ import types
 import warnings
 import weakref
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -47,7 +47,6 @@ from ._compat_lowering import (
     donated_arguments,
     hoisted_by_jax,
     hoisted_values,
-    is_program,
     jax_embed_max_bytes,
     jit_entry,
     mutates,
@@ -59,7 +58,7 @@ from ._derived import COPY_REFS, Derived, buffer_owner
 from ._errors import FrozenConstRuntimeError, FrozenConstWarning
 from ._frames import Told, user_stacklevel
 from ._host import human_bytes
-from ._jaxprs import hoist, walk, where
+from ._jaxprs import hoist, sub_programs, walk, where
 from ._plan import Buffer, Decision, Lowering, plan
 
 # A FrozenConst of at most this many bytes stays embedded under JAX's default pipeline, as JAX
@@ -106,13 +105,11 @@ class _Lowering(threading.local):
 _lowering = _Lowering()
 
 
-class _Jitted:
+class _Jitted(NamedTuple):
     """A jitted function whose programs hold a constant's buffer: weakly, with its options."""
 
-    __slots__ = ("fun", "info")
-
-    def __init__(self, fun: weakref.ref[Any], info: Any) -> None:
-        self.fun, self.info = fun, info
+    fun: weakref.ref[Any]
+    info: Any
 
 
 class _Holders:
@@ -336,9 +333,8 @@ def _lower_owned(
     args: Any,
     kwargs: Any,
 ) -> Any:
-    hooks = HOISTING
-    assert hooks is not None
-    own = hooks.own_lowering(kwargs)
+    assert HOISTING is not None
+    own = HOISTING.own_lowering(kwargs)
     if own is not None:
         inputs = _lowering.exporting
         if own == "export" and inputs is not None:
@@ -346,7 +342,7 @@ def _lower_owned(
         # Someone's own lowering (`jax.export`: a serialized program carries its constants).
         _warn(list(found.values()), own)
         return original(closed, *args, **kwargs)
-    mesh = hooks.devices_of(args, kwargs)
+    mesh = HOISTING.devices_of(args, kwargs)
     keep_out, placed, donated = _planned(
         found, lowering_here(options.embed_max_bytes, mesh=mesh is not None), mesh
     )
@@ -358,7 +354,7 @@ def _lower_owned(
     except Exception as err:  # JAX refused the parameters (a device mismatch), or the user's error
         refused, mismatch = _first_line(err), device_mismatch(err)
         del err  # its traceback holds this frame
-    target = hooks.devices_of(args, kwargs, single=True) if mismatch else None
+    target = HOISTING.devices_of(args, kwargs, single=True) if mismatch else None
     if target is not None:
         with contextlib.suppress(Exception):  # not the placement, then: embedded below, or the user's error
             kept, moved = _moved(found, keep_out, placed, target)
@@ -366,7 +362,7 @@ def _lower_owned(
     # Every FrozenConst embedded, as JAX's default pipeline embeds any array; where that fails
     # too, the program as JAX lowers it, whose error (the user's own) is raised as it is.
     try:
-        lowered = _lowered(original, closed, {}, {}, args, kwargs, set())
+        lowered = _held(original, found, closed, {}, {}, args, kwargs)
     except Exception:
         return original(closed, *args, **kwargs)
     _warn([u for u in found.values() if not u.store.volatile], "refused", refused)
@@ -391,23 +387,6 @@ def _planned(
             value = placed[key] = _placed(use.store, mesh)
         keep_out[id(value)] = value
     return keep_out, placed, donated
-
-
-def _held(
-    original: Callable[..., Any],
-    found: dict[int, _Use],
-    closed: Any,
-    keep_out: dict[int, Any],
-    placed: dict[int, Any],
-    args: Any,
-    kwargs: Any,
-) -> Any:
-    """`closed` lowered with `keep_out` as parameters, their owners recorded as held by a program."""
-    stuck: set[int] = set()
-    lowered = _lowered(original, closed, keep_out, placed, args, kwargs, stuck)
-    HOLDERS.add([u.store for k, u in found.items() if id(placed.get(k, u.value)) in keep_out], jit_entry())
-    _warn_stuck(found, placed, stuck)
-    return lowered
 
 
 def _moved(
@@ -450,13 +429,12 @@ def _lower_for_export(
 ) -> Any:
     """The exported program `g(constants, *args)` lowered with the FrozenConst buffers hoisted as
     parameters, each wired to the input of `g` carrying it; every other array embedded."""
-    hooks = HOISTING
-    assert hooks is not None
+    assert HOISTING is not None
     keep_out = {id(u.value): u.value for u in found.values() if id(u.value) in inputs}
     if not keep_out:
         return original(closed, *args, **kwargs)
     program = closed if SIMPLIFIED_CONSTANTS else hoist(closed, keep_out)
-    kwargs = hooks.hoisting(hooks.keeping_inputs(kwargs))
+    kwargs = HOISTING.hoisting(HOISTING.keeping_inputs(kwargs))
     _lowering.keep_out, _lowering.stuck = keep_out, set()
     try:
         lowering = original(program, *args, **kwargs)
@@ -473,20 +451,21 @@ def _lower_for_export(
     return lowering
 
 
-def _lowered(
+def _held(
     original: Callable[..., Any],
+    found: dict[int, _Use],
     closed: Any,
     keep_out: dict[int, Any],
     placed: dict[int, Any],
     args: Any,
     kwargs: Any,
-    stuck: set[int],
 ) -> Any:
     """`closed` lowered with the buffers in `keep_out` as parameters (each use of a buffer in
-    `placed` given the buffer it maps to) and every other FrozenConst buffer embedded; the ids
-    of those in `keep_out` that a level with effects on its inputs kept embedded go to `stuck`."""
-    hooks = HOISTING
-    assert hooks is not None
+    `placed` given the buffer it maps to), their owners recorded as held by a program, and every
+    other FrozenConst buffer embedded; those in `keep_out` that a level with effects on its
+    inputs kept embedded are said."""
+    assert HOISTING is not None
+    stuck: set[int] = set()
     program = closed
     if placed:
         program = hoist(closed, {} if SIMPLIFIED_CONSTANTS else keep_out, placed, stuck)
@@ -495,14 +474,20 @@ def _lowered(
             return original(closed, *args, **kwargs)
         if not placed:
             program = hoist(closed, keep_out, stuck=stuck)
-        if hooks.discharge is None and mutates(closed_parts(closed)[0]):
+        if HOISTING.discharge is None and mutates(closed_parts(closed)[0]):
             stuck.update(keep_out)  # JAX's tracing it again (`discharged`) embeds them all
-        kwargs = hooks.hoisting(kwargs)
+        kwargs = HOISTING.hoisting(kwargs)
     _lowering.keep_out, _lowering.stuck = keep_out, stuck
     try:
-        return original(program, *args, **kwargs)
+        lowered = original(program, *args, **kwargs)
     finally:
         _lowering.keep_out, _lowering.answers = None, {}
+    HOLDERS.add([u.store for k, u in found.items() if id(placed.get(k, u.value)) in keep_out], jit_entry())
+    if stuck:
+        _warn(
+            [u for k, u in found.items() if id(placed.get(k, u.value)) in stuck], "effects", jax.__version__
+        )
+    return lowered
 
 
 def discharged(original: Callable[..., Any], closed: Any, *args: Any) -> Any:
@@ -526,23 +511,14 @@ def _placed(owner: Owner, sharding: Any) -> jax.Array:
         return owner.array(sharding)
 
 
-def _warn_stuck(found: dict[int, _Use], placed: dict[int, Any], stuck: set[int]) -> None:
-    """Say which kept-out constants a level with effects on its inputs left embedded."""
-    if stuck:
-        _warn(
-            [u for k, u in found.items() if id(placed.get(k, u.value)) in stuck], "effects", jax.__version__
-        )
-
-
 def _undonated(args: Any, kwargs: Any) -> tuple[Any, Any]:
     """`lower`'s arguments with every FrozenConst buffer the call donates kept, else deleted and
     transferred again at every call. Where no call is found (`.lower()`), `Store._lost` meets it."""
     kept = {index for index, value in donated_arguments() if store_of(value) is not None}
     if not kept:
         return args, kwargs
-    hooks = HOISTING
-    assert hooks is not None
-    return hooks.undonated(args, kwargs, kept)
+    assert HOISTING is not None
+    return HOISTING.undonated(args, kwargs, kept)
 
 
 def _name_embedded(closed: Any, options: Options) -> None:
@@ -611,11 +587,10 @@ def _found(fun: Any, array: Any) -> str:
 def const_args(jaxpr: Any) -> list[tuple[Any, Any]]:
     """JAX's `core.jaxpr_const_args(jaxpr)`, in the lowering `lower` runs: the buffers kept out,
     one entry per buffer however many uses, beside whatever JAX itself hoists; elsewhere, JAX's."""
-    hooks = HOISTING
-    assert hooks is not None
+    assert HOISTING is not None
     keep_out = _lowering.keep_out
     if keep_out is None:
-        return hooks.const_args(jaxpr)
+        return HOISTING.const_args(jaxpr)
     answers = _lowering.answers
     known = answers.get(id(jaxpr))
     if known is not None:
@@ -623,7 +598,7 @@ def const_args(jaxpr: Any) -> list[tuple[Any, Any]]:
     found: dict[Any, tuple[Any, Any]] = {}
     if SIMPLIFIED_CONSTANTS:
         exporting = _lowering.exporting is not None
-        for value, aval in hooks.const_args(jaxpr):
+        for value, aval in HOISTING.const_args(jaxpr):
             if keep_out.get(id(value)) is value:  # a constant's (or a known copy's) buffer kept out
                 found.setdefault((id(value), aval), (value, aval))
             elif not exporting and store_of(value) is None:
@@ -642,31 +617,18 @@ def const_args(jaxpr: Any) -> list[tuple[Any, Any]]:
 def _literals(jaxpr: Any, keep_out: dict[int, Any]) -> list[tuple[Any, Any]]:
     """The kept-out literals of `jaxpr` and of the programs nested in it (their order fixed by
     the walk, so that a nested program's parameters come in the same order at every level)."""
-    out: list[tuple[Any, Any]] = []
-    for var in jaxpr.outvars:
-        if _kept(var, keep_out):
-            out.append((var.val, var.aval))
+    out = [(var.val, var.aval) for var in jaxpr.outvars if _kept(var, keep_out)]
     for eqn in jaxpr.eqns:
-        for var in eqn.invars:
-            if _kept(var, keep_out):
-                out.append((var.val, var.aval))
+        out.extend((var.val, var.aval) for var in eqn.invars if _kept(var, keep_out))
         for param in eqn.params.values():
-            for sub in _programs(param):
-                out.extend(const_args(sub))
+            # The open programs, as JAX hands them to `jaxpr_const_args`.
+            for sub in sub_programs(param):
+                out.extend(const_args(closed_parts(sub)[0]))
     return out
 
 
 def _kept(var: Any, keep_out: dict[int, Any]) -> bool:
     return isinstance(var, Literal) and keep_out.get(id(var.val)) is var.val
-
-
-def _programs(param: Any) -> list[Any]:
-    """The open programs in an equation parameter, as JAX hands them to `jaxpr_const_args`."""
-    if is_program(param):
-        return [closed_parts(param)[0]]
-    if isinstance(param, tuple | list):
-        return [p for item in param for p in _programs(item)]
-    return []
 
 
 def _options() -> Options:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import threading
+from types import EllipsisType, NoneType
 from typing import Any, Literal, TypeAlias
 
 import jax
@@ -247,6 +248,10 @@ def page_lock(array: jax.Array, device: Device) -> jax.Array:
     return copied
 
 
+# What a basic index is made of (a bool, an `int`, is not one).
+_BASIC_INDEX = (NoneType, EllipsisType, slice, int, np.integer)
+
+
 class Resident:
     """The constant's buffers themselves in page-locked host memory, moved to the device by
     each use (see the module docstring); `streams` turns False, and the constant is an ordinary
@@ -310,13 +315,7 @@ class Resident:
         of the frozen NumPy copy, transferred (NumPy and JAX agree on what a basic index
         selects). None for any other index, or data JAX holds in another dtype."""
         parts = index if isinstance(index, tuple) else (index,)
-        basic = all(
-            p is None
-            or p is Ellipsis
-            or isinstance(p, slice)
-            or (isinstance(p, int | np.integer) and not isinstance(p, bool))
-            for p in parts
-        )
+        basic = all(isinstance(p, _BASIC_INDEX) and not isinstance(p, bool) for p in parts)
         if not basic or held_dtype(self.host.dtype) != self.host.dtype:
             return None
         part: jax.Array = jax.device_put(self.host[index])
@@ -358,15 +357,9 @@ def leading_split(index: Any, shape: tuple[int, ...]) -> Split | None:
         return None
     if any(not (isinstance(p, slice) or _integer_scalar(p)) for p in consuming[1:]):
         return None
-    expanded: list[Any] = []
-    for part in parts:
-        if part is Ellipsis:
-            expanded += [slice(None)] * (len(shape) - len(consuming))
-        else:
-            expanded.append(part)
-    lead = 0
-    while lead < len(expanded) and expanded[lead] is None:
-        lead += 1
+    fill = [slice(None)] * (len(shape) - len(consuming))
+    expanded = [q for p in parts for q in (fill if p is Ellipsis else [p])]
+    lead = next((i for i, p in enumerate(expanded) if p is not None), len(expanded))
     if lead == len(expanded):
         return (), tuple(expanded) or None
     first, rest = expanded[lead], expanded[lead + 1 :]
@@ -402,12 +395,9 @@ def _integer_array(part: Any) -> bool:
 
 
 def _integer_scalar(part: Any) -> bool:
-    if isinstance(part, bool):
-        return False
-    if isinstance(part, int | np.integer):
-        return True
-    shape, dtype = getattr(part, "shape", None), getattr(part, "dtype", None)
-    return shape == () and dtype is not None and np.issubdtype(dtype, np.integer)
+    if isinstance(part, int):
+        return not isinstance(part, bool)
+    return getattr(part, "shape", None) == () and _integer_array(part)
 
 
 def place(host: np.ndarray[Any, Any], sharding: Sharding) -> jax.Array:

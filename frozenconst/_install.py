@@ -129,12 +129,7 @@ def _observe() -> bool:
     original = None if hook is None else getattr(hook[0], hook[1], None)
     if hook is None or not callable(original):
         return False
-    setattr(hook[0], hook[1], _observing(original))
-    _installed.observing = True
-    return True
 
-
-def _observing(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def lower(*args: Any, **kwargs: Any) -> Any:
         observers = _installed.observers
@@ -144,4 +139,6 @@ def _observing(original: Callable[..., Any]) -> Callable[..., Any]:
                 observer(program, kwargs)
         return original(*args, **kwargs)
 
-    return lower
+    setattr(hook[0], hook[1], lower)
+    _installed.observing = True
+    return True

@@ -32,18 +32,19 @@ def walk(closed: Any, literals: bool = True) -> Iterator[tuple[Any, Any]]:
             elif var in consts:
                 yield consts[var], eqn
         for param in eqn.params.values():
-            for sub in _sub_programs(param):
+            for sub in sub_programs(param):
                 yield from walk(sub, literals)
 
 
-def _sub_programs(param: Any) -> Iterator[Any]:
+def sub_programs(param: Any) -> Iterator[Any]:
+    """The programs in an equation parameter, closed ones whole."""
     # Closed programs keep their own constants (an inner `jax.jit`'s), which JAX's
     # `jaxprs_in_params` would drop by yielding the open program only.
     if is_program(param):
         yield param
     elif isinstance(param, tuple | list):
         for item in param:
-            yield from _sub_programs(item)
+            yield from sub_programs(item)
 
 
 def where(eqn: Any) -> str | None:
@@ -71,9 +72,7 @@ class _Hoist:
     __slots__ = ("done", "keep_out", "placed", "stuck")
 
     def __init__(self, keep_out: dict[int, Any], placed: dict[int, Any], stuck: set[int]) -> None:
-        self.keep_out = keep_out
-        self.placed = placed
-        self.stuck = stuck
+        self.keep_out, self.placed, self.stuck = keep_out, placed, stuck
         # id -> (original, rewritten); the original kept so that its id stays its own.
         self.done: dict[int, tuple[Any, Any]] = {}
 

@@ -138,9 +138,7 @@ class JitWrapped(Generic[_P, _R]):
         self._jitted.clear_cache()
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
-        if instance is None:
-            return self
-        return functools.partial(self, instance)
+        return self if instance is None else functools.partial(self, instance)
 
 
 def _note_non_array(err: Exception) -> None:

@@ -133,27 +133,33 @@ class PartialStore(Store):
         across processes); refused otherwise."""
         return self.whole("its whole host buffer")
 
-    def whole(self, what: str) -> np.ndarray[Any, Any]:
-        part = self._whole_slice()
-        if part is None:
-            raise self._not_whole(what)
-        return part
-
-    def _whole_slice(self) -> np.ndarray[Any, Any] | None:
+    def whole(self, what: str, extra: str = "") -> np.ndarray[Any, Any]:
+        """The whole host buffer, which `what` (an operation, in words) needs; refused, with
+        `extra` said after the advice, where this process holds only slices."""
         # Under a sharding replicated across processes every process's devices
         # address the whole constant: each holds it whole, as one slice.
-        return self.slices.get(tuple((0, n) for n in self.shape))
+        part = self.slices.get(tuple((0, n) for n in self.shape))
+        if part is not None:
+            return part
+        raise NotAddressableError(
+            f"`{what}` needs the whole constant ({self.dtype}{list(self.shape)}), but process "
+            f"{jax.process_index()} of {jax.process_count()} holds only the slices its devices address "
+            f"under {self.home}: {self.held()} ({self.host_nbytes} bytes). It was built from "
+            f"{self.built_from} with a sharding that spans several processes, so no process holds it "
+            f"whole. Gather it with a collective that every process calls, `{_GATHER}` (each "
+            "process then holds the whole constant), or work on this process's slices: "
+            f"`[(s.index, s.data) for s in x.on(x.declared_sharding).addressable_shards]`.{extra}"
+        )
 
     @property
     def fingerprint(self) -> str:
         """The content digest where this process holds the whole constant; refused otherwise."""
-        if self._whole_slice() is None:
-            raise self._not_whole(
-                "x.fingerprint",
-                " A fingerprint is a SHA-256 over the whole data in order, which digests of "
-                "separate slices cannot be combined into; fingerprint the gathered array "
-                "(`FrozenConst(gathered).fingerprint`, the same value on every process).",
-            )
+        self.whole(
+            "x.fingerprint",
+            " A fingerprint is a SHA-256 over the whole data in order, which digests of "
+            "separate slices cannot be combined into; fingerprint the gathered array "
+            "(`FrozenConst(gathered).fingerprint`, the same value on every process).",
+        )
         return super().fingerprint
 
     def host_buffers(self) -> tuple[np.ndarray[Any, Any], ...]:
@@ -162,11 +168,6 @@ class PartialStore(Store):
     def check_device_dtype(self, dtype: np.dtype[Any]) -> None:
         for part in self.slices.values():
             check_narrowing(part, dtype)
-
-    @property
-    def host_memory(self) -> str:
-        """Always "pageable": each slice is frozen where `_host.freeze` puts it (see `pageable`)."""
-        return "pageable"
 
     def in_host_memory(self, host_memory: HostMemory) -> Store:
         """This store: its slices stay in pageable memory (`pageable` says so once for "pinned")."""
@@ -186,18 +187,6 @@ class PartialStore(Store):
             f"holds {self.held()}, {human_bytes(self.host_nbytes)})"
         )
 
-    def _not_whole(self, what: str, extra: str = "") -> NotAddressableError:
-        """The refusal of `what` (an operation, in words), with `extra` said after the advice."""
-        return NotAddressableError(
-            f"`{what}` needs the whole constant ({self.dtype}{list(self.shape)}), but process "
-            f"{jax.process_index()} of {jax.process_count()} holds only the slices its devices address "
-            f"under {self.home}: {self.held()} ({self.host_nbytes} bytes). It was built from "
-            f"{self.built_from} with a sharding that spans several processes, so no process holds it "
-            f"whole. Gather it with a collective that every process calls, `{_GATHER}` (each "
-            "process then holds the whole constant), or work on this process's slices: "
-            f"`[(s.index, s.data) for s in x.on(x.declared_sharding).addressable_shards]`.{extra}"
-        )
-
     # -- the device side ---------------------------------------------------------
 
     def declare(self, target: Target) -> Sharding:
@@ -213,9 +202,7 @@ class PartialStore(Store):
         missing: list[str] = []
         for device, index in _indices(sharding, self.shape).items():
             key = _key(index, self.shape)
-            part = self.slices.get(key)
-            if part is None:
-                part = self._within(key)
+            part = self.slices[key] if key in self.slices else self._within(key)
             if part is None:
                 missing.append(f"{describe(key, self.shape)} for {device}")
             else:
@@ -331,16 +318,26 @@ def from_callback(
     slices: dict[Bounds, np.ndarray[Any, Any]] = {}
     indices = _distinct(sharding, full)
     for key, index in indices.items():
-        part = _slice_from(data_callback, index, key, full, requested)
+        where = describe(key, full)
+        # Frozen (copied) at once: what the callback returned stays the caller's.
+        part = frozen_copy(
+            data_callback(index), requested, f"the value `data_callback` returned for index {where}"
+        )
+        expected = tuple(b - a for a, b in key)
+        if part.shape != expected:
+            raise FrozenConstValueError(
+                f"`data_callback` returned an array of shape {part.shape} for index {where}, which "
+                f"selects shape {expected} of the constant's {full}. Return the slice itself, "
+                "`whole[index]` (or the same data read from storage), not the whole array or a reshaped one."
+            )
         if want is None:
             want = part.dtype
         elif part.dtype != want:
-            first = describe(next(iter(slices)), full)
             raise FrozenConstTypeError(
-                f"`data_callback` returned {part.dtype} data for index {describe(key, full)} and "
-                f"{want} data for index {first}: without `dtype=`, every slice must have the "
-                "dtype of the first (as `jax.make_array_from_callback` requires). Pass `dtype=` "
-                "to convert every slice to one dtype."
+                f"`data_callback` returned {part.dtype} data for index {where} and {want} data "
+                f"for index {describe(next(iter(slices)), full)}: without `dtype=`, every slice "
+                "must have the dtype of the first (as `jax.make_array_from_callback` requires). "
+                "Pass `dtype=` to convert every slice to one dtype."
             )
         slices[key] = part
     if want is None:
@@ -355,23 +352,3 @@ def from_callback(
         return Store(freeze_parts(full, want, [(indices[k], p) for k, p in slices.items()]), host_memory)
     pageable(host_memory)
     return PartialStore(full, want, sharding, slices, "`FrozenConst.from_callback`")
-
-
-def _slice_from(
-    data_callback: Callable[[Index], Any],
-    index: Index,
-    key: Bounds,
-    shape: tuple[int, ...],
-    dtype: np.dtype[Any] | None,
-) -> np.ndarray[Any, Any]:
-    where = describe(key, shape)
-    # Frozen (copied) at once: what the callback returned stays the caller's.
-    part = frozen_copy(data_callback(index), dtype, f"the value `data_callback` returned for index {where}")
-    expected = tuple(b - a for a, b in key)
-    if part.shape != expected:
-        raise FrozenConstValueError(
-            f"`data_callback` returned an array of shape {part.shape} for index {where}, which "
-            f"selects shape {expected} of the constant's {shape}. Return the slice itself, "
-            "`whole[index]` (or the same data read from storage), not the whole array or a reshaped one."
-        )
-    return part

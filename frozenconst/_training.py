@@ -30,11 +30,9 @@ def is_trainable(x: object) -> bool:
 
     The filter for `eqx.partition(model, is_trainable, is_leaf=is_frozen)`.
     """
-    if isinstance(x, FrozenConst):
+    if isinstance(x, FrozenConst) or not isinstance(x, (jax.Array, np.ndarray, np.generic)):
         return False
-    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
-        return bool(jnp.issubdtype(x.dtype, jnp.inexact))
-    return False
+    return bool(jnp.issubdtype(x.dtype, jnp.inexact))
 
 
 def partition(tree: _T) -> tuple[_T, _T]:

@@ -34,12 +34,11 @@ __all__ = ["Frozen", "freeze"]
 
 _N = TypeVar("_N")
 
-# Where a Variable keeps its value: a slot `_raw_value` since flax 0.12 (read and
-# written by name, `get_raw_value`/`set_raw_value` and `object.__setattr__`, in
-# graphlib, `nnx.jit`'s write-back and `jit_partial`'s `_apply_raw_updates`);
-# `raw_value` in flax 0.11 (flax 0.11 to 0.12). `Frozen`
-# puts a property of that name in front of the slot: every read and write of the
-# value, whichever path flax takes, goes through `_read` and `_write` below.
+# Where a Variable keeps its value: a slot `_raw_value` since flax 0.12 (read and written by
+# name, `get_raw_value`/`set_raw_value` and `object.__setattr__`, in graphlib, `nnx.jit`'s
+# write-back and `jit_partial`'s `_apply_raw_updates`); `raw_value` in flax 0.11. `Frozen` puts
+# a property of that name in front of the slot: every read and write of the value, whichever
+# path flax takes, goes through `_read` and `_write` below.
 _STORAGE = "_raw_value" if "_raw_value" in getattr(nnx.Variable, "__slots__", ()) else "raw_value"
 # flax 0.12 has `get_value`/`set_value`, the public read and write (`variable[...]`,
 # `variable.value`); flax 0.11 reads and writes through the `value` property.
@@ -94,11 +93,11 @@ class Frozen(nnx.Variable[jax.Array]):
 
         def set_value(self, value: Any, **kwargs: Any) -> None:
             """Refused unless `value` is a `FrozenConst` (then it becomes the variable's constant)."""
-            _write(self, _assignable(self, value, kwargs))
+            _write(self, _assignable(value, kwargs))
 
     def __setitem__(self, key: Any, value: Any) -> None:
         """Refused unless `key` is `...` and `value` a `FrozenConst` (the variable's new constant)."""
-        _write(self, _assignable(self, value, {"index": key}))
+        _write(self, _assignable(value, {"index": key}))
 
     if _HAS_NEW:
 
@@ -130,12 +129,12 @@ class Frozen(nnx.Variable[jax.Array]):
 
     def _copy(self, memo: dict[int, Any] | None) -> Frozen:
         const = _const_of(self)
+        value = const if const is not None else _read(self)
         metadata = dict(self.get_metadata())
         if memo is not None:
             metadata = copy.deepcopy(metadata, memo)
-        value = const if const is not None else _read(self)
-        if const is None and memo is not None:
-            value = copy.deepcopy(value, memo)
+            if const is None:
+                value = copy.deepcopy(value, memo)
         made: Frozen = type(self).from_metadata(value, metadata)  # type: ignore[assignment]
         return made
 
@@ -222,7 +221,7 @@ def _write(variable: Frozen, value: Any) -> None:
     _HELD.__set__(variable, value)
 
 
-def _assignable(variable: Frozen, value: Any, kwargs: Mapping[str, Any]) -> FrozenConst:
+def _assignable(value: Any, kwargs: Mapping[str, Any]) -> FrozenConst:
     """`value`, where a public assignment may write it: a constant, whole."""
     index = kwargs.get("index", ...)
     if isinstance(value, FrozenConst) and value.is_concrete and index is ...:
@@ -244,16 +243,15 @@ def _frozen_value(value: Any) -> Any:
             f"`Frozen` takes a value, not a `{type(value).__name__}`: pass the module "
             "holding it to `frozenconst.nnx.freeze`."
         )
-    if isinstance(value, jax.Array) and not isinstance(value, Tracer):
+    if isinstance(value, (Tracer, jax.ShapeDtypeStruct)):
+        # Inside `nnx.eval_shape` or a trace: the type now, the constant when concrete.
+        return value
+    if isinstance(value, jax.Array):
         owner = owner_of(value)
         if owner is not None:
             return FrozenConst._of(*owner)  # pyright: ignore[reportPrivateUsage] - a handle on a known store
         if not value.is_fully_addressable or len(value.sharding.device_set) > 1:
             return FrozenConst(value, sharding=value.sharding)
-        return FrozenConst(value)
-    if isinstance(value, (Tracer, jax.ShapeDtypeStruct)):
-        # Inside `nnx.eval_shape` or a trace: the type now, the constant when concrete.
-        return value
     return FrozenConst(value)
 
 
@@ -264,7 +262,7 @@ def _install() -> None:
         value = nnx.Variable.__dict__["value"]
 
         def set_value(variable: Frozen, new: Any) -> None:
-            _write(variable, _assignable(variable, new, {}))
+            _write(variable, _assignable(new, {}))
 
         Frozen.value = property(value.fget, set_value, doc=value.__doc__)  # type: ignore[assignment,method-assign,misc,unused-ignore]
 

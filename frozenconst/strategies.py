@@ -115,13 +115,6 @@ def _not_subnormal_in(dtype: Any) -> Callable[[float], bool]:
     return keep
 
 
-def _floats_within(top: float, allow_nan: bool, allow_subnormal: bool) -> st.SearchStrategy[float]:
-    finite = st.floats(-top, top, allow_nan=False, allow_infinity=False)
-    if not allow_subnormal:  # none that float32, what JAX computes with, holds as a subnormal
-        finite = finite.filter(_not_subnormal_in(np.float32))
-    return finite | st.sampled_from([math.nan, math.inf, -math.inf]) if allow_nan else finite
-
-
 def _elements(dtype: np.dtype[Any], allow_nan: bool, allow_subnormal: bool) -> st.SearchStrategy[Any]:
     if _is_numpy_builtin(dtype):
         if dtype.itemsize == 8 and dtype.kind in "iu" and not X64.value:
@@ -134,7 +127,12 @@ def _elements(dtype: np.dtype[Any], allow_nan: bool, allow_subnormal: bool) -> s
             # range becomes inf in the cast, with `RuntimeWarning: overflow
             # encountered in cast` at the first device use, an error under
             # `filterwarnings = error`. Draw (each part) within the range.
-            part = _floats_within(float(np.finfo(np.float32).max), allow_nan, allow_subnormal)
+            top = float(np.finfo(np.float32).max)
+            part = st.floats(-top, top, allow_nan=False, allow_infinity=False)
+            if not allow_subnormal:  # none that float32, what JAX computes with, holds as a subnormal
+                part = part.filter(_not_subnormal_in(np.float32))
+            if allow_nan:
+                part |= st.sampled_from([math.nan, math.inf, -math.inf])
             return part if dtype.kind == "f" else st.builds(complex, part, part)
         if dtype.kind in "fc":
             # XLA on CPU flushes subnormals to zero (`FrozenConst(4.16e-43) + 0` is 0):
@@ -144,21 +142,18 @@ def _elements(dtype: np.dtype[Any], allow_nan: bool, allow_subnormal: bool) -> s
             )
         return hnp.from_dtype(dtype)
     # ml_dtypes types: draw in a wider NumPy type, then round into the narrow one.
-    try:
-        info: Any = _iinfo(dtype)
+    if _is_integer(dtype):
+        info = _iinfo(dtype)
         return st.integers(int(info.min), int(info.max))
-    except (ValueError, TypeError):
-        finfo = _finfo(dtype)
-        floats = st.floats(
-            float(finfo.min), float(finfo.max), allow_nan=False, allow_infinity=False, width=32
-        )
-        step, tiny = float(finfo.smallest_subnormal), float(finfo.tiny)
-        if not allow_subnormal:
-            floats = floats.filter(_not_subnormal_in(dtype))
-        elif step < tiny:  # the narrow type's subnormals, which float32 draws seldom reach
-            below = round(tiny / step)
-            floats |= st.integers(1 - below, below - 1).map(lambda k: k * step)
-        return floats | (st.just(float("nan")) if allow_nan else st.nothing())
+    finfo = _finfo(dtype)
+    floats = st.floats(float(finfo.min), float(finfo.max), allow_nan=False, allow_infinity=False, width=32)
+    step, tiny = float(finfo.smallest_subnormal), float(finfo.tiny)
+    if not allow_subnormal:
+        floats = floats.filter(_not_subnormal_in(dtype))
+    elif step < tiny:  # the narrow type's subnormals, which float32 draws seldom reach
+        below = round(tiny / step)
+        floats |= st.integers(1 - below, below - 1).map(lambda k: k * step)
+    return floats | (st.just(float("nan")) if allow_nan else st.nothing())
 
 
 def frozen_consts(
@@ -196,29 +191,22 @@ def frozen_consts(
     Returns:
         A strategy that shrinks towards small shapes and zeros.
     """
-    dtypes = (
-        dtype
-        if isinstance(dtype, st.SearchStrategy)
-        else (jax_dtypes() if dtype is None else st.just(np.dtype(dtype)))
-    )
-    shapes = (
-        shape
-        if isinstance(shape, st.SearchStrategy)
-        else (
+    if not isinstance(dtype, st.SearchStrategy):
+        dtype = jax_dtypes() if dtype is None else st.just(np.dtype(dtype))
+    if not isinstance(shape, st.SearchStrategy):
+        shape = (
             hnp.array_shapes(min_dims=0, max_dims=max_dims, min_side=0, max_side=max_side)
             if shape is None
             else st.just((shape,) if isinstance(shape, int) else tuple(shape))
         )
-    )
 
     @st.composite
     def build(draw: st.DrawFn) -> FrozenConst:
-        dt = np.dtype(draw(dtypes))
-        sh = draw(shapes)
+        dt = np.dtype(draw(dtype))
         native = _is_numpy_builtin(dt)
         values = elements if elements is not None else _elements(dt, allow_nan, allow_subnormal)
         drawn_dtype = dt if native else (np.int64 if _is_integer(dt) else np.float32)
-        data = draw(hnp.arrays(drawn_dtype, sh, elements=values))
+        data = draw(hnp.arrays(drawn_dtype, draw(shape), elements=values))
         # `dtype=`: the drawn dtype on the host, float64 too without x64 (where `FrozenConst(data)`
         # would hold float32, as `jnp.asarray` does).
         return FrozenConst(data if native else data.astype(dt), dtype=dt)
