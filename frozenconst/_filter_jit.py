@@ -125,7 +125,9 @@ def _join(dynamic: list[Any], static: Static, received: list[Any]) -> Any:
 
 class FilterJitted(Generic[_P, _R]):
     """A function compiled by [`frozenconst.filter_jit`][frozenconst.filter_jit].
-    Call it like the original."""
+
+    Call it like the original.
+    """
 
     __slots__ = ("__dict__", "__weakref__", "_fun", "_jitted")
 

@@ -14,7 +14,6 @@ function they compile.
 from __future__ import annotations
 
 import linecache
-import re
 
 from ._compat_lowering import refusal
 from ._errors import FrozenConstIndexError, FrozenConstTypeError, FrozenConstValueError
@@ -137,12 +136,29 @@ def _function(name: str) -> str:
 
 def _calls(line: str, function: str) -> bool:
     """Whether `line` calls a function named `function` (`name(`, `module.name (`)."""
-    return re.search(rf"(?<!\w){re.escape(function)}\s*\(", line) is not None
+    start = line.find(function)
+    while start >= 0:
+        before = line[start - 1] if start else " "
+        after = line[start + len(function) :].lstrip()
+        if not (before.isalnum() or before == "_") and after.startswith("("):
+            return True
+        start = line.find(function, start + 1)
+    return False
 
 
 def _lax_calls(line: str) -> list[str]:
     """The `jax.lax` functions `line` calls, as users write them: `lax.dynamic_slice(`, `jax.lax.dot (`."""
-    found: list[str] = re.findall(r"(?<!\w)lax\.(\w+)\s*\(", line)
+    found: list[str] = []
+    start = line.find("lax.")
+    while start >= 0:
+        before = line[start - 1] if start else " "
+        end = start + len("lax.")
+        while end < len(line) and (line[end].isalnum() or line[end] == "_"):
+            end += 1
+        name = line[start + len("lax.") : end]
+        if name and not (before.isalnum() or before == "_") and line[end:].lstrip().startswith("("):
+            found.append(name)
+        start = line.find("lax.", start + 1)
     return found
 
 

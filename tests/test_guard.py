@@ -255,10 +255,9 @@ def test_no_regular_expression_over_jax_messages():
     for path in PACKAGE.glob("*.py"):
         text = path.read_text()
         assert "Closed-over constant" not in text and "captured during lowering" not in text, path
-        # The command line parses its DTYPE[DIMS] shapes; `_refusals` finds a call in the user's
-        # own source line; `_compat_lowering` is the one home of JAX's message texts (a call of
-        # an exported program, renumbered in the user's words).
-        if path.name not in ("__main__.py", "_refusals.py", "_compat_lowering.py"):
+        # The command line parses its DTYPE[DIMS] shapes; `_compat_lowering` is the one home of
+        # JAX's message texts (a call of an exported program, renumbered in the user's words).
+        if path.name not in ("__main__.py", "_compat_lowering.py"):
             assert "import re\n" not in text, path
 
 
