@@ -115,6 +115,19 @@ def _not_subnormal_in(dtype: Any) -> Callable[[float], bool]:
     return keep
 
 
+def _whole_float64_range() -> bool:
+    """Whether JAX computes with float64 in its whole range now: x64 on, and a default backend
+    that keeps a float64 below float32's range in arithmetic (XLA's TPU backend computes with
+    float64 in float32's exponent range: there `FrozenConst(1e-300) + 0` is 0)."""
+    return bool(X64.value) and _keeps_float64_range(jax.default_backend())
+
+
+@functools.cache
+def _keeps_float64_range(platform: str) -> bool:
+    # Asked of the backend itself, once per platform (called under x64 only).
+    return float(jax.device_put(np.float64(1e-300), jax.devices(platform)[0]) + 0) != 0.0
+
+
 def _elements(dtype: np.dtype[Any], allow_nan: bool, allow_subnormal: bool) -> st.SearchStrategy[Any]:
     if _is_numpy_builtin(dtype):
         if dtype.itemsize == 8 and dtype.kind in "iu" and not X64.value:
@@ -122,15 +135,16 @@ def _elements(dtype: np.dtype[Any], allow_nan: bool, allow_subnormal: bool) -> s
             # refuses values it would wrap: draw from the range it holds.
             narrow = np.iinfo(np.int32 if dtype.kind == "i" else np.uint32)
             return hnp.from_dtype(dtype, min_value=int(narrow.min), max_value=int(narrow.max))
-        if (dtype.kind, dtype.itemsize) in {("f", 8), ("c", 16)} and not X64.value:
-            # Without x64 JAX computes with float32 (complex64): a value beyond its
-            # range becomes inf in the cast, with `RuntimeWarning: overflow
-            # encountered in cast` at the first device use, an error under
-            # `filterwarnings = error`. Draw (each part) within the range.
+        if (dtype.kind, dtype.itemsize) in {("f", 8), ("c", 16)} and not _whole_float64_range():
+            # JAX computes with float64 (complex128) within float32's range: without x64 it
+            # holds float32, and a value beyond the range becomes inf in the cast, with
+            # `RuntimeWarning: overflow encountered in cast` at the first device use, an error
+            # under `filterwarnings = error`. Draw (each part) within the range.
             top = float(np.finfo(np.float32).max)
             part = st.floats(-top, top, allow_nan=False, allow_infinity=False)
-            if not allow_subnormal:  # none that float32, what JAX computes with, holds as a subnormal
-                part = part.filter(_not_subnormal_in(np.float32))
+            if not allow_subnormal:  # none that float32's exponents hold as a subnormal
+                tiny = float(np.finfo(np.float32).tiny)
+                part = part.filter(lambda value: value == 0 or abs(value) >= tiny)
             if allow_nan:
                 part |= st.sampled_from([math.nan, math.inf, -math.inf])
             return part if dtype.kind == "f" else st.builds(complex, part, part)
@@ -178,8 +192,10 @@ def frozen_consts(
         elements: a strategy for the values. Default: every finite value of the
             dtype that JAX computes with under the x64 setting of the draw
             (`x.dtype`: without x64, float64 data within float32's range and
-            int64 data within int32's) except subnormal floats, NaN and
-            infinities too if `allow_nan`, subnormals too if `allow_subnormal`.
+            int64 data within int32's; float64 data within float32's range on a
+            TPU, whose float64 arithmetic has float32's exponents) except
+            subnormal floats, NaN and infinities too if `allow_nan`, subnormals
+            too if `allow_subnormal`.
         allow_nan: whether the default elements include NaN and infinities.
         allow_subnormal: whether the default elements include subnormal floats
             (of the dtype JAX computes with). Off by default: XLA on CPU flushes
