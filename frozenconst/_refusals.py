@@ -88,6 +88,7 @@ JAX_LAX_REFUSALS: dict[str, tuple[str, ...]] = {
     "jax.lax.all_gather_invariant(x)": ("0.8.1",),
     "jax.lax.all_to_all(x)": _EVERY_TESTED,
     "jax.lax.associative_scan(elems)": _EVERY_TESTED,
+    "jax.lax.map(xs)": _EVERY_TESTED,
     "jax.lax.optimization_barrier(operand)": _EVERY_TESTED,
     "jax.lax.pmax(x)": _EVERY_TESTED,
     "jax.lax.pmean(x)": _EVERY_TESTED,
@@ -115,6 +116,12 @@ JAX_LAX_REFUSALS: dict[str, tuple[str, ...]] = {
     "jax.lax.reduce_window(operand)": _EVERY_TESTED,
     "jax.lax.scan(init)": _EVERY_TESTED,
     "jax.lax.while_loop(init_val)": _EVERY_TESTED,
+    # They compare the structures of their branches' outputs: a branch that gives its
+    # operand back as it is gives a FrozenConst (a node) where another gives a jax.Array.
+    # `platform_dependent`, eagerly, runs one branch: the FrozenConst itself comes back.
+    "jax.lax.cond(operand)": _EVERY_TESTED,
+    "jax.lax.platform_dependent(args)": _EVERY_TESTED,
+    "jax.lax.switch(operand)": _EVERY_TESTED,
     # They convert the argument with `jax.lax.asarray`, which takes only jax.Arrays, NumPy
     # arrays and Python scalars ("asarray: expected ArrayLike, got FrozenConst(...)").
     "jax.lax.conv_general_dilated_local(lhs)": _EVERY_TESTED,

@@ -158,7 +158,10 @@ _EXAMPLES: dict[str, list[Example]] = {
     "collapse": [ex(lambda operand: lax.collapse(operand, 0, 2), X)],
     "composite": [ex(lambda x, y, w: lax.composite(lambda a, b: a * b + w, "fc.scaled")(x, y), V, VP, S)],
     "concatenate": [ex(lambda operands_0, operands_1: lax.concatenate([operands_0, operands_1], 0), V, VP)],
-    "cond": [ex(lambda pred, operand, w: lax.cond(pred, lambda a: a * w, jnp.sin, operand), T, V, VP)],
+    "cond": [
+        ex(lambda pred, operand, w: lax.cond(pred, lambda a: a * w, jnp.sin, operand), T, V, VP),
+        ex(lambda pred, operand: lax.cond(pred, jnp.sin, lambda a: a, operand), T, V),  # one gives it back
+    ],
     "conv": [ex(lambda lhs, rhs: lax.conv(lhs, rhs, (1, 1), "SAME"), IMG, KER)],
     "conv_general_dilated": [
         ex(lambda lhs, rhs: lax.conv_general_dilated(lhs, rhs, (1, 1), "SAME"), IMG, KER),
@@ -232,10 +235,14 @@ _EXAMPLES: dict[str, list[Example]] = {
     "index_in_dim": [ex(lambda operand: lax.index_in_dim(operand, 1), X)],
     "index_take": [ex(lambda src, idxs: lax.index_take(src, (idxs,), (0,)), X, IDX[:, 0])],
     "integer_pow": [ex(lambda x: lax.integer_pow(x, 3), V)],
-    "map": [ex(lambda xs, w: lax.map(lambda e: e * w, xs), X, VP)],
+    "map": [
+        ex(lambda xs, w: lax.map(lambda e: e * w, xs), X, VP),
+        ex(lambda xs: lax.map(lambda e: e, xs), X),  # each element given back as it is
+    ],
     "pad": [ex(lambda operand, padding_value: lax.pad(operand, padding_value, [(1, 2, 1)]), V, S)],
     "platform_dependent": [
         ex(lambda args, w: lax.platform_dependent(args, cpu=lambda a: a * w, default=jnp.sin), V, VP),
+        ex(lambda args: lax.platform_dependent(args, cpu=lambda a: a, default=jnp.sin), V),
     ],
     "pmax": [
         ex(lambda x: _vmapped(lambda i: lax.pmax(x, "i"), _AXIS), V),
@@ -344,6 +351,7 @@ _EXAMPLES: dict[str, list[Example]] = {
     "stack": [ex(lambda operands_0, operands_1: lax.stack([operands_0, operands_1]), V, VP)],
     "switch": [
         ex(lambda index, operand, w: lax.switch(index, [jnp.sin, lambda a: a * w], operand), N1, V, VP),
+        ex(lambda index, operand: lax.switch(index, [jnp.sin, lambda a: a], operand), N1, V),
     ],
     "tile": [ex(lambda operand: lax.tile(operand, (2,)), V)],
     "top_k": [ex(lambda operand: lax.top_k(operand, 2), V)],
