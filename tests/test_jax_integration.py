@@ -617,3 +617,163 @@ def test_block_until_ready_returns_the_constant_and_device_get_its_numpy_data():
     assert type(tree["t"]) is np.ndarray and tree["n"] == 3
     if on_cpu():  # the CPU device buffer aliases the frozen host data: no copy at all
         assert np.shares_memory(got, np.asarray(x))
+
+
+# -- jax.numpy's ufunc methods and jax.lax.linalg --------------------------------------
+
+# The methods JAX computes with a loop of its own (`lax.scan`, `fori_loop`: there is no XLA
+# operation for them), which converts the argument with `jax.lax.asarray`; it takes only
+# arrays and scalars. The same on every JAX tested (0.8.1, 0.9.2, 0.10.2, 0.12.1), listed in
+# docs/jax.md. `frompyfunc` stands for any ufunc made with `jnp.frompyfunc`.
+_UFUNC_METHODS_REFUSED = {
+    "add": ("reduceat",),
+    "bitwise_and": ("reduce", "accumulate", "reduceat", "at"),
+    "bitwise_or": ("accumulate", "reduceat", "at"),
+    "bitwise_xor": ("accumulate", "reduceat", "at"),
+    "frompyfunc": ("reduce", "accumulate", "reduceat", "at"),
+    "logaddexp": ("accumulate", "reduceat", "at"),
+    "logaddexp2": ("accumulate", "reduceat", "at"),
+    "logical_and": ("accumulate", "reduceat", "at"),
+    "logical_or": ("accumulate", "reduceat", "at"),
+    "logical_xor": ("accumulate", "reduceat", "at"),
+    "maximum": ("accumulate", "reduceat", "at"),
+    "minimum": ("accumulate", "reduceat", "at"),
+    "multiply": ("reduceat",),
+    "negative": ("at",),
+    "subtract": ("reduce", "accumulate", "reduceat"),
+}
+# Where `jax.lax` takes a FrozenConst operand (JAX_LAX_REFUSES: where it refuses every one),
+# `jax.lax.linalg` takes it too, but for these functions, which convert it with `lax.asarray`
+# on the JAX versions named.
+_LAX_LINALG_REFUSED = {
+    "cholesky": ("0.12.1",),
+    "eigh": ("0.12.1",),
+    "tridiagonal": ("0.10.2", "0.12.1"),
+}
+_IDX = np.array([0, 2], np.int32)
+
+
+def _ufuncs():
+    found = {name: fn for name in dir(jnp) if isinstance(fn := getattr(jnp, name), jnp.ufunc)}
+    return {**found, "frompyfunc": jnp.frompyfunc(lambda a, b: a * b + 1, nin=2, nout=1, identity=0)}
+
+
+def _ufunc_calls(ufunc):
+    calls = {"call": lambda a: ufunc(*[a] * ufunc.nin)}
+    if ufunc.nin == 1:
+        calls["at"] = lambda a: ufunc.at(a, _IDX, inplace=False)
+    if ufunc.nin == 2 and ufunc.nout == 1:
+        calls["reduce"] = lambda a: ufunc.reduce(a, axis=0)
+        calls["accumulate"] = lambda a: ufunc.accumulate(a, axis=0)
+        calls["reduceat"] = lambda a: ufunc.reduceat(a, _IDX, axis=0)
+        calls["outer"] = lambda a: ufunc.outer(a[0], a[1])
+        calls["at"] = lambda a: ufunc.at(a, _IDX, a[0, 0], inplace=False)
+    return calls
+
+
+def _refused(call, data):
+    """Whether `call` refuses a FrozenConst of `data` where it takes its cached buffer (then
+    with the same result); None where the cached buffer is refused too (not this call's data)."""
+    try:
+        expected = call(jnp.asarray(data))
+    except (TypeError, ValueError, NotImplementedError):  # `eig` and `schur` only on a CPU
+        return None
+    try:
+        got = call(FrozenConst(data))
+    except (TypeError, ValueError) as err:
+        assert "asarray" in str(err) or "__jax_array__" in str(err), err  # JAX's conversion
+        return True
+    _same(got, expected)
+    return False
+
+
+def test_the_ufunc_methods_jax_runs_as_a_loop_are_the_ones_listed():
+    floats = np.arange(1, 13, dtype=np.float32).reshape(4, 3) / 4
+    ints = np.arange(1, 13, dtype=np.int32).reshape(4, 3)
+    found, tested = {}, 0
+    for name, ufunc in _ufuncs().items():
+        for method, call in _ufunc_calls(ufunc).items():
+            verdicts = [v for v in (_refused(call, floats), _refused(call, ints)) if v is not None]
+            tested += bool(verdicts)
+            if any(verdicts):
+                found.setdefault(name, []).append(method)
+    assert {name: tuple(methods) for name, methods in found.items()} == {
+        name: tuple(m for m in _ufunc_calls(_ufuncs()[name]) if m in methods)
+        for name, methods in _UFUNC_METHODS_REFUSED.items()
+    }
+    assert len(_ufuncs()) >= 15 and tested >= 80, (len(_ufuncs()), tested)
+
+
+def _linalg_examples():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((4, 4)).astype(np.float32)
+    spd = (a @ a.T + 4 * np.eye(4)).astype(np.float32)
+    b = rng.standard_normal((4, 2)).astype(np.float32)
+    band = rng.standard_normal(4).astype(np.float32)
+    lower = np.concatenate([[0], band[1:]]).astype(np.float32)
+    upper = np.concatenate([band[:-1], [0]]).astype(np.float32)
+    tau = rng.standard_normal(3).astype(np.float32)
+    linalg = jax.lax.linalg
+    return {
+        "cholesky": (lambda m: linalg.cholesky(m), spd),
+        "cholesky_update": (
+            lambda r: linalg.cholesky_update(r, b[:, 0].copy()),
+            np.linalg.cholesky(spd).T.copy(),
+        ),
+        "eig": (
+            lambda m: linalg.eig(m, compute_left_eigenvectors=False, compute_right_eigenvectors=False),
+            a,
+        ),
+        "eigh": (lambda m: linalg.eigh(m), spd),
+        "hessenberg": (lambda m: linalg.hessenberg(m), a),
+        "householder_product": (lambda m: linalg.householder_product(m, tau), a),
+        "lu": (lambda m: linalg.lu(m), a),
+        "lu_pivots_to_permutation": (
+            lambda p: linalg.lu_pivots_to_permutation(p, 4),
+            np.array([1, 1, 3, 3], np.int32),
+        ),
+        "ormqr": (lambda m: linalg.ormqr(m, tau, b.T.copy() @ np.ones((4, 4), np.float32)), a),
+        "qdwh": (lambda m: linalg.qdwh(m), a),
+        "qr": (lambda m: linalg.qr(m), a),
+        "schur": (lambda m: linalg.schur(m), a),
+        "svd": (lambda m: linalg.svd(m), a),
+        "symmetric_product": (lambda m: linalg.symmetric_product(m, spd), a),
+        "triangular_solve": (
+            lambda m: linalg.triangular_solve(m, b.T.copy(), left_side=False, lower=True),
+            spd,
+        ),
+        "tridiagonal": (lambda m: linalg.tridiagonal(m), spd),
+        "tridiagonal_solve": (lambda d: linalg.tridiagonal_solve(lower, d, upper, b), band + 5),
+    }
+
+
+@pytest.mark.skipif(jax.__version__ in JAX_LAX_REFUSES, reason="jax.lax refuses every FrozenConst operand")
+def test_jax_lax_linalg_takes_a_frozenconst_but_where_listed():
+    examples = _linalg_examples()
+    public = {
+        name
+        for name in dir(jax.lax.linalg)
+        if not name.startswith("_")
+        and not name.endswith("_p")
+        and inspect.isfunction(getattr(jax.lax.linalg, name))
+    }
+    assert public <= set(examples), sorted(public - set(examples))  # a new function needs an example
+    found = set()
+    for name, (call, data) in examples.items():
+        for use in (call, jax.jit(call)):
+            if _refused(use, data):
+                found.add(name)
+    assert found == {name for name, versions in _LAX_LINALG_REFUSED.items() if jax.__version__ in versions}
+
+
+def test_docs_list_the_ufunc_methods_and_lax_linalg_functions_that_refuse():
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "jax.md").read_text()
+    section = text.split("## jax.numpy's ufunc methods and jax.lax.linalg")[1].split("\n## ")[0]
+    rows = dict(re.findall(r"^\| `jax\.numpy\.(\w+)` \| ([\w, `]+) \|", section, re.MULTILINE))
+    assert {name: tuple(m.strip(" `") for m in methods.split(",")) for name, methods in rows.items()} == (
+        _UFUNC_METHODS_REFUSED
+    )
+    rows = re.findall(r"^\| `jax\.lax\.linalg\.(\w+)` \| ([\d., ]+) \|", section, re.MULTILINE)
+    assert {name: tuple(v.strip() for v in versions.split(",")) for name, versions in rows} == (
+        _LAX_LINALG_REFUSED
+    )
