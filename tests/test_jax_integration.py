@@ -690,18 +690,16 @@ def _refused(call, data):
 def test_the_ufunc_methods_jax_runs_as_a_loop_are_the_ones_listed():
     floats = np.arange(1, 13, dtype=np.float32).reshape(4, 3) / 4
     ints = np.arange(1, 13, dtype=np.int32).reshape(4, 3)
-    found, tested = {}, 0
-    for name, ufunc in _ufuncs().items():
+    ufuncs = _ufuncs()
+    found, tested = set(), 0
+    for name, ufunc in ufuncs.items():
         for method, call in _ufunc_calls(ufunc).items():
             verdicts = [v for v in (_refused(call, floats), _refused(call, ints)) if v is not None]
             tested += bool(verdicts)
             if any(verdicts):
-                found.setdefault(name, []).append(method)
-    assert {name: tuple(methods) for name, methods in found.items()} == {
-        name: tuple(m for m in _ufunc_calls(_ufuncs()[name]) if m in methods)
-        for name, methods in _UFUNC_METHODS_REFUSED.items()
-    }
-    assert len(_ufuncs()) >= 15 and tested >= 80, (len(_ufuncs()), tested)
+                found.add((name, method))
+    assert found == {(name, m) for name, methods in _UFUNC_METHODS_REFUSED.items() for m in methods}
+    assert len(ufuncs) >= 15 and tested >= 80, (len(ufuncs), tested)
 
 
 def _linalg_examples():
@@ -732,7 +730,7 @@ def _linalg_examples():
             lambda p: linalg.lu_pivots_to_permutation(p, 4),
             np.array([1, 1, 3, 3], np.int32),
         ),
-        "ormqr": (lambda m: linalg.ormqr(m, tau, b.T.copy() @ np.ones((4, 4), np.float32)), a),
+        "ormqr": (lambda m: linalg.ormqr(m, tau, b), a),
         "qdwh": (lambda m: linalg.qdwh(m), a),
         "qr": (lambda m: linalg.qr(m), a),
         "schur": (lambda m: linalg.schur(m), a),
@@ -758,11 +756,17 @@ def test_jax_lax_linalg_takes_a_frozenconst_but_where_listed():
         and inspect.isfunction(getattr(jax.lax.linalg, name))
     }
     assert public <= set(examples), sorted(public - set(examples))  # a new function needs an example
-    found = set()
+    found, unrun = set(), set()
     for name, (call, data) in examples.items():
         for use in (call, jax.jit(call)):
-            if _refused(use, data):
+            verdict = _refused(use, data)
+            if verdict is None:
+                unrun.add(name)
+            elif verdict:
                 found.add(name)
+    # Every example runs with the cached buffer: but where JAX computes the function on no
+    # device of this platform (these three on the CPU only).
+    assert unrun <= (set() if on_cpu() else {"eig", "hessenberg", "schur"}), sorted(unrun)
     assert found == {name for name, versions in _LAX_LINALG_REFUSED.items() if jax.__version__ in versions}
 
 
