@@ -64,7 +64,7 @@ COMPILE_CACHE = FROZENCONST_TEST_COMPILATION_CACHE=$(CURDIR)/$(1)/compilation-ca
 # sharing (XLA_FLAGS are part of the cache key). A user's own XLA_FLAGS are kept, after it.
 QUICK_CODEGEN := XLA_FLAGS="--xla_backend_optimization_level=0 $${XLA_FLAGS:-}"
 
-.PHONY: demo test test-fast checks lint typecheck docs doctest doctest-wheel doctest-default doctest-simplified \
+.PHONY: demo test test-fast jax-own-tests checks lint typecheck docs doctest doctest-wheel doctest-default doctest-simplified \
   doctest-312-default doctest-312-simplified doctest-middle-default doctest-middle-simplified \
   doctest-floor-default doctest-floor-simplified package \
   pytest-311 pytest-311-default pytest-311-simplified pytest-312 pytest-312-default pytest-312-simplified \
@@ -283,10 +283,18 @@ device-results:
 	@test -n "$(FROM)" || { echo "error: FROM=<the files_at folder of the device run>" >&2; exit 1; }
 	python3 tools/device-results $(FROM) docs/results
 
+# JAX's own numerical tests, each file run plain and with its inputs frozen; what fails only
+# frozen, in .jax-own-tests/ (CONTRIBUTING.md, "JAX's own tests"). JAX=<a checkout or bare
+# clone of jax-ml/jax>. Not part of make test: it needs JAX's sources and about an hour.
+jax-own-tests: $(VENV311)/.installed
+	@test -n "$(JAX)" || { echo "error: JAX=<a checkout or bare clone of jax-ml/jax>" >&2; exit 1; }
+	$(VENV311)/bin/python -m pip install $(PIP_FLAGS) absl-py
+	$(VENV311)/bin/python tools/jax-own-tests --jax $(JAX) --out .jax-own-tests
+
 # The names of an earlier release of these targets.
 gpu: device
 gpu-bundle: device-bundle
 gpu-results: device-results
 
 clean:
-	rm -rf $(VENV311) $(VENV312) $(wildcard .venv-py3*) $(VENVFLOOR) $(VENVMIDDLE) .venv-wheel .dist $(DOCS_WHEEL) .site .mypy_cache .ruff_cache $(DEVICE_BUNDLE)
+	rm -rf $(VENV311) $(VENV312) $(wildcard .venv-py3*) $(VENVFLOOR) $(VENVMIDDLE) .venv-wheel .dist $(DOCS_WHEEL) .site .mypy_cache .ruff_cache $(DEVICE_BUNDLE) .jax-own-tests
